@@ -74,6 +74,11 @@ class DatabaseUnavailableError(TransientError):
     stage = "database"
 
 
+class QueueUnavailableError(TransientError):
+    code = "queue_unavailable"
+    stage = "queue"
+
+
 class RenderTimeoutError(TransientError):
     code = "timeout"
     stage = "render"
@@ -109,6 +114,7 @@ def _table() -> dict[str, CodeInfo]:
         "image_too_large": "header claims more pixels than DARKROOM_MAX_PIXELS",
         "storage_unavailable": "object storage failed or was unreachable",
         "database_unavailable": "PostgreSQL failed or was unreachable",
+        "queue_unavailable": "Redis failed or was unreachable",
         "timeout": "render took longer than DARKROOM_JOB_TIMEOUT_S",
         "render_crashed": "the render process died (native crash)",
         "out_of_memory": "render exceeded DARKROOM_RENDER_MEMORY_MB",
@@ -118,7 +124,7 @@ def _table() -> dict[str, CodeInfo]:
     classes: list[type[DarkroomError]] = [
         BadMessageError, OriginalMissingError, OriginalTooLargeError, UnsupportedFormatError,
         CorruptImageError, ImageTooLargeError, StorageUnavailableError, DatabaseUnavailableError,
-        RenderTimeoutError, RenderCrashedError, RenderOutOfMemoryError, AttemptsExhaustedError,
+        QueueUnavailableError, RenderTimeoutError, RenderCrashedError, RenderOutOfMemoryError, AttemptsExhaustedError,
         InternalError,
     ]  # fmt: skip
     return {c.code: CodeInfo(c.retryable, c.stage, docs[c.code]) for c in classes}

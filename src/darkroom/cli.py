@@ -1,0 +1,232 @@
+"""The `darkroom` command: migrate, ingest, enqueue, run, status.
+
+The only place that reads argv and the environment and configures logging. Exit codes:
+0 success, 1 a dependency failed, 2 bad settings or usage, 130 stopped by a second signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import structlog
+
+from darkroom import __version__, db, metrics
+from darkroom.errors import DarkroomError, SettingsError
+from darkroom.messages import task_fields
+from darkroom.settings import Settings, from_env
+from darkroom.storage import Storage, open_storage
+from darkroom.streams import Streams, connect
+from darkroom.worker import Worker
+
+log = structlog.get_logger("darkroom.cli")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = from_env()
+    except SettingsError as exc:
+        print(f"darkroom: invalid setting {exc}", file=sys.stderr)
+        return 2
+    _configure_logging(settings)
+    try:
+        return int(anyio.run(COMMANDS[args.command], settings, args))
+    except DarkroomError as exc:
+        print(f"darkroom: {exc.code}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="darkroom", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"darkroom {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("migrate", help="create the database if missing and apply schema.sql")
+    ingest = sub.add_parser("ingest", help="store originals, insert photos rows, XADD them")
+    ingest.add_argument("files", nargs="+", type=Path)
+    enqueue = sub.add_parser("enqueue", help="XADD existing photos again")
+    enqueue.add_argument("photo_ids", nargs="+", type=uuid.UUID)
+    run = sub.add_parser("run", help="run the worker until SIGTERM/SIGINT")
+    run.add_argument("--drain", action="store_true", help="exit 0 once nothing is new or pending")
+    status = sub.add_parser("status", help="stream, group, dead letters and photos by state")
+    status.add_argument("--json", action="store_true")
+    return parser
+
+
+def _configure_logging(settings: Settings) -> None:
+    level = logging.getLevelName(settings.log_level.upper())
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if settings.log_format == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def _streams(settings: Settings) -> Streams:
+    return Streams(
+        connect(settings.redis_url),
+        settings.stream,
+        settings.group,
+        settings.consumer,
+        settings.dead_letter_stream,
+        settings.dead_letter_maxlen,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _services(settings: Settings, pool_size: int) -> AsyncIterator[tuple[db.Pool, Streams]]:
+    streams = _streams(settings)
+    try:
+        pool = await db.connect(settings.database_url, pool_size)
+        try:
+            yield pool, streams
+        finally:
+            await pool.close()
+    finally:
+        await streams.client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _storage(settings: Settings) -> AsyncIterator[Storage]:
+    storage = await open_storage(settings.storage_url, settings.s3_endpoint_url)
+    try:
+        yield storage
+    finally:
+        await storage.aclose()
+
+
+async def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
+    created = await db.migrate(settings.database_url)
+    print("database created and schema applied" if created else "schema applied")
+    return 0
+
+
+async def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
+    missing = [str(f) for f in args.files if not f.is_file()]
+    if missing:
+        print(f"darkroom: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    async with _services(settings, 2) as (pool, streams), _storage(settings) as storage:
+        await streams.ensure_group()
+        for path in args.files:
+            photo_id = uuid.uuid4()
+            key = f"originals/{photo_id}/{_safe_name(path.name)}"
+            await storage.put(key, await anyio.Path(path).read_bytes(), "application/octet-stream")
+            await db.insert_photo(pool, photo_id, key)
+            await streams.enqueue(task_fields(photo_id))
+            print(photo_id, flush=True)
+    return 0
+
+
+def _safe_name(name: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in name).lstrip(".")
+    return cleaned[:120] or "original"
+
+
+async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
+    streams = _streams(settings)
+    try:
+        await streams.ensure_group()
+        for photo_id in args.photo_ids:
+            print(await streams.enqueue(task_fields(photo_id)), flush=True)
+    finally:
+        await streams.client.aclose()
+    return 0
+
+
+async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    async with (
+        _services(settings, settings.concurrency + 2) as (pool, streams),
+        _storage(settings) as storage,
+    ):
+        worker = Worker(settings, pool, streams, storage)
+        server = await metrics.serve(settings.metrics_port, worker.ready) if settings.metrics_port else None
+        log.info("worker started", consumer=settings.consumer, stream=settings.stream,
+                 group=settings.group, concurrency=settings.concurrency, drain=args.drain)  # fmt: skip
+        try:
+            return await _run_until_signalled(worker, args.drain)
+        finally:
+            if server is not None:
+                server.close()
+
+
+async def _run_until_signalled(worker: Worker, drain: bool) -> int:
+    forced = False
+    async with anyio.create_task_group() as tg:
+
+        async def watch_signals() -> None:
+            nonlocal forced
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    if worker.stopping.is_set():
+                        log.warning("second signal: exiting now; unacked entries stay pending")
+                        forced = True
+                        tg.cancel_scope.cancel()
+                        return
+                    log.info("signal received: draining in-flight photos", signal=signum)
+                    worker.stop()
+
+        tg.start_soon(watch_signals)
+        await worker.run(drain=drain)
+        tg.cancel_scope.cancel()
+    log.info("worker stopped", forced=forced)
+    return 130 if forced else 0
+
+
+async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    async with _services(settings, 1) as (pool, streams):
+        report = {**await streams.status(), "photos": await db.count_by_state(pool)}
+        report["failures"] = await db.count_failures(pool)
+    if args.json:
+        print(msgspec.json.encode(report).decode())
+    else:
+        print(_format_status(report))
+    return 0
+
+
+def _format_status(report: dict[str, Any]) -> str:
+    lines = [
+        f"stream        {report['stream']}  length={report['length']}",
+        f"group         {report['group']}  lag={report['lag']}  pending={report['pending']}",
+        f"dead letters  {report['dead_letter_stream']}  length={report['dead_letters']}",
+        "consumers",
+        *(f"  {c['name']:<40} pending={c['pending']:<6} idle_ms={c['idle_ms']}"
+          for c in report["consumers"]),
+        "photos by state",
+        *(f"  {state:<20} {n}" for state, n in report["photos"].items()),
+        "failures by error code",
+        *(f"  {code:<20} {n}" for code, n in report["failures"].items()),
+    ]  # fmt: skip
+    return "\n".join(lines)
+
+
+COMMANDS = {
+    "migrate": cmd_migrate,
+    "ingest": cmd_ingest,
+    "enqueue": cmd_enqueue,
+    "run": cmd_run,
+    "status": cmd_status,
+}

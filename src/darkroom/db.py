@@ -1,0 +1,228 @@
+"""PostgreSQL through asyncpg: every SQL statement of darkroom, one function per query.
+
+Each state change is one statement (so one implicit transaction) and conditional:
+a stale or duplicate worker can never move a photo backwards, publish it twice or
+change `processed_at` once set. Driver errors become DatabaseUnavailableError here.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal, ParamSpec, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from darkroom.errors import DatabaseUnavailableError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Pool = asyncpg.Pool
+
+
+def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Turn driver and network failures into DatabaseUnavailableError."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+            raise DatabaseUnavailableError(f"{type(exc).__name__}: {exc}") from exc
+
+    return wrapper
+
+
+@translated
+async def connect(url: str, size: int) -> Pool:
+    return await asyncpg.create_pool(
+        url, min_size=1, max_size=size, command_timeout=30, timeout=10
+    )
+
+
+def schema_sql() -> str:
+    return resources.files("darkroom").joinpath("schema.sql").read_text()
+
+
+@translated
+async def migrate(url: str) -> bool:
+    """Create the database if missing, then apply schema.sql; True if it was created."""
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/") or "postgres"
+    maintenance = urlunsplit(parts._replace(path="/postgres"))
+    created = False
+    admin = await asyncpg.connect(maintenance, timeout=10)
+    try:
+        if not await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
+            try:
+                await admin.execute(f'CREATE DATABASE "{name.replace(chr(34), "")}"')
+                created = True
+            except asyncpg.DuplicateDatabaseError:
+                pass  # another migrate won the race
+    finally:
+        await admin.close()
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext('darkroom:migrate'))")
+            await conn.execute(schema_sql())
+    finally:
+        await conn.close()
+    return created
+
+
+@translated
+async def insert_photo(pool: Pool, photo_id: uuid.UUID, original_key: str) -> None:
+    await pool.execute(
+        "INSERT INTO photos (id, original_key) VALUES ($1, $2)", photo_id, original_key
+    )
+
+
+Outcome = Literal["claimed", "already", "skipped"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    outcome: Outcome
+    original_key: str = ""
+    attempt: int = 0
+
+
+# One statement: lock the photo; a processed photo gets its job marked done (`already`),
+# any other gets its job active with attempt + 1 and the photo `processing`.
+CLAIM_SQL = """
+WITH p AS (
+    SELECT id, original_key, processing_state = 'processed' AS finished
+    FROM photos WHERE id = $1 FOR UPDATE
+), job AS (
+    INSERT INTO photo_jobs AS j (photo_id, type, state, attempt, stream_entry, consumer,
+                                 started_at, finished_at)
+    SELECT id, 'process', CASE WHEN finished THEN 'done' ELSE 'active' END,
+           CASE WHEN finished THEN 0 ELSE 1 END, $2, $3, now(),
+           CASE WHEN finished THEN now() END
+    FROM p
+    ON CONFLICT (photo_id, type) DO UPDATE SET
+        state = EXCLUDED.state,
+        attempt = j.attempt + EXCLUDED.attempt,
+        stream_entry = EXCLUDED.stream_entry,
+        consumer = EXCLUDED.consumer,
+        started_at = CASE WHEN EXCLUDED.state = 'active' THEN now() ELSE j.started_at END,
+        finished_at = COALESCE(j.finished_at, EXCLUDED.finished_at),
+        next_retry_at = NULL,
+        updated_at = now()
+    RETURNING attempt
+), photo AS (
+    UPDATE photos SET processing_state = 'processing', error_code = NULL, updated_at = now()
+    FROM p WHERE photos.id = p.id AND NOT p.finished
+)
+SELECT p.original_key, p.finished, job.attempt FROM p, job
+"""
+
+
+@translated
+async def claim(pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str) -> Claim:
+    row = await pool.fetchrow(CLAIM_SQL, photo_id, entry_id, consumer)
+    if row is None:
+        return Claim("skipped")
+    if row["finished"]:
+        return Claim("already", row["original_key"], row["attempt"])
+    return Claim("claimed", row["original_key"], row["attempt"])
+
+
+PUBLISH_SQL = """
+WITH photo AS (
+    UPDATE photos SET processing_state = 'processed', visibility = 'published',
+        width = $2, height = $3, format = $4, bytes = $5, renditions = $6::jsonb,
+        error_code = NULL, processed_at = now(), updated_at = now()
+    WHERE id = $1 AND processing_state <> 'processed'
+    RETURNING id
+), job AS (
+    UPDATE photo_jobs SET state = 'done', error_code = NULL, last_error = NULL,
+        next_retry_at = NULL, finished_at = now(), updated_at = now()
+    WHERE photo_id = $1 AND type = 'process'
+)
+SELECT count(*) FROM photo
+"""
+
+
+@translated
+async def publish(
+    pool: Pool, photo_id: uuid.UUID, facts: dict[str, Any], renditions_json: str
+) -> bool:
+    """Publish in one transaction; False if another delivery had already published it."""
+    published = await pool.fetchval(
+        PUBLISH_SQL,
+        photo_id,
+        facts["width"],
+        facts["height"],
+        facts["format"],
+        facts["bytes"],
+        renditions_json,
+    )
+    return bool(published)
+
+
+RETRY_SQL = """
+UPDATE photo_jobs SET state = 'pending', error_code = $2, last_error = $3,
+    next_retry_at = now() + $4 * interval '1 millisecond', updated_at = now()
+WHERE photo_id = $1 AND type = 'process' AND state = 'active'
+"""
+
+
+@translated
+async def record_retry(
+    pool: Pool, photo_id: uuid.UUID, code: str, message: str, delay_ms: int
+) -> None:
+    await pool.execute(RETRY_SQL, photo_id, code, message[:2000], delay_ms)
+
+
+FAIL_SQL = """
+WITH photo AS (
+    UPDATE photos SET processing_state = 'processing_failed', error_code = $2,
+        updated_at = now()
+    WHERE id = $1 AND processing_state <> 'processed'
+    RETURNING id
+)
+INSERT INTO photo_jobs AS j (photo_id, type, state, error_code, last_error, finished_at)
+SELECT id, 'process', 'failed', $2, $3, now() FROM photo
+ON CONFLICT (photo_id, type) DO UPDATE SET state = 'failed', error_code = EXCLUDED.error_code,
+    last_error = EXCLUDED.last_error, next_retry_at = NULL, finished_at = now(),
+    updated_at = now()
+RETURNING j.attempt
+"""
+
+
+@translated
+async def record_failure(pool: Pool, photo_id: uuid.UUID, code: str, message: str) -> bool:
+    """Final failure, atomically on job and photo; False if the photo is processed or gone."""
+    return await pool.fetchval(FAIL_SQL, photo_id, code, message[:2000]) is not None
+
+
+@translated
+async def last_error(pool: Pool, photo_id: uuid.UUID) -> tuple[str | None, str | None]:
+    row = await pool.fetchrow(
+        "SELECT error_code, last_error FROM photo_jobs WHERE photo_id = $1 AND type = 'process'",
+        photo_id,
+    )
+    return (row["error_code"], row["last_error"]) if row else (None, None)
+
+
+@translated
+async def count_by_state(pool: Pool) -> dict[str, int]:
+    rows = await pool.fetch(
+        "SELECT processing_state, count(*) AS n FROM photos GROUP BY 1 ORDER BY 1"
+    )
+    return {row["processing_state"]: row["n"] for row in rows}
+
+
+@translated
+async def count_failures(pool: Pool) -> dict[str, int]:
+    rows = await pool.fetch(
+        "SELECT error_code, count(*) AS n FROM photos WHERE processing_state = 'processing_failed'"
+        " GROUP BY 1 ORDER BY 2 DESC"
+    )
+    return {row["error_code"] or "unknown": row["n"] for row in rows}

@@ -1,0 +1,182 @@
+"""Redis Streams I/O: group, read, reclaim, heartbeat, ack, backoff, dead-letter, status.
+
+Invariants: an entry is acked (and deleted, so the stream holds only the backlog) only
+after Postgres committed its outcome; nothing pending is ever trimmed; the dead-letter
+XADD and the source XACK+XDEL happen in one MULTI. Driver errors become
+QueueUnavailableError here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, ParamSpec, TypeVar
+
+import redis.asyncio as redis
+from redis.exceptions import RedisError, ResponseError
+
+from darkroom.errors import QueueUnavailableError
+from darkroom.messages import Entry
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except (RedisError, OSError) as exc:
+            raise QueueUnavailableError(f"{type(exc).__name__}: {exc}") from exc
+
+    return wrapper
+
+
+def connect(url: str) -> redis.Redis:
+    # BLOCK reads stay at most 5 s (settings), well under the socket timeout.
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=15,
+        socket_connect_timeout=5,
+        health_check_interval=30,
+    )
+
+
+def _entries(raw: Iterable[Any]) -> list[Entry]:
+    return [Entry(entry_id, dict(fields or {})) for entry_id, fields in raw]
+
+
+class Streams:
+    """One work stream + consumer group + dead-letter stream, seen by one consumer."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        stream: str,
+        group: str,
+        consumer: str,
+        dead_stream: str,
+        dead_maxlen: int = 100_000,
+    ) -> None:
+        self.client, self.stream, self.group, self.consumer = client, stream, group, consumer
+        self.dead_stream, self.dead_maxlen = dead_stream, dead_maxlen
+        self._cursor = "0-0"
+        self.deleted_while_pending = 0
+
+    @translated
+    async def ensure_group(self) -> None:
+        try:
+            await self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    @translated
+    async def enqueue(self, fields: dict[str, str]) -> str:
+        return str(await self.client.xadd(self.stream, fields))  # type: ignore[arg-type]
+
+    @translated
+    async def read_new(self, count: int, block_ms: int) -> list[Entry]:
+        reply = await self.client.xreadgroup(
+            self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms
+        )
+        return _entries(reply[0][1]) if reply else []
+
+    @translated
+    async def read_own_pending(self, count: int) -> list[Entry]:
+        """Take back what this consumer name held before a restart, counting a delivery
+        (a history read would not, and a photo that kills the worker must reach the cap)."""
+        rows = await self.client.xpending_range(
+            self.stream, self.group, "-", "+", count, consumername=self.consumer
+        )
+        if not rows:
+            return []
+        ids = [row["message_id"] for row in rows]
+        claimed = await self.client.xclaim(self.stream, self.group, self.consumer, 0, ids)
+        return [e for e in _entries(claimed) if e.fields]
+
+    @translated
+    async def reclaim(self, min_idle_ms: int, count: int) -> list[Entry]:
+        """XAUTOCLAIM one step, keeping the cursor between calls; counts deleted entries."""
+        reply = await self.client.xautoclaim(
+            self.stream, self.group, self.consumer, min_idle_ms, self._cursor, count=count
+        )
+        self._cursor = reply[0]
+        deleted = reply[2] if len(reply) > 2 else []
+        if deleted:
+            self.deleted_while_pending += len(deleted)
+        return [e for e in _entries(reply[1]) if e.fields]
+
+    @translated
+    async def deliveries(self, entry_id: str) -> int:
+        rows = await self.client.xpending_range(self.stream, self.group, entry_id, entry_id, 1)
+        return int(rows[0]["times_delivered"]) if rows else 0
+
+    @translated
+    async def heartbeat(self, entry_ids: Sequence[str]) -> None:
+        """Reset idle time of in-flight entries so no other consumer steals them."""
+        if entry_ids:
+            await self.client.xclaim(
+                self.stream, self.group, self.consumer, 0, list(entry_ids), justid=True
+            )
+
+    @translated
+    async def backoff(self, entry_id: str, idle_ms: int) -> None:
+        """Leave the entry pending, looking `idle_ms` old, without counting a delivery."""
+        await self.client.xclaim(
+            self.stream, self.group, self.consumer, 0, [entry_id], idle=idle_ms, justid=True
+        )
+
+    @translated
+    async def ack(self, entry_id: str) -> None:
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.xack(self.stream, self.group, entry_id)
+            pipe.xdel(self.stream, entry_id)
+            await pipe.execute()
+
+    @translated
+    async def dead_letter(self, entry_id: str, fields: dict[str, str]) -> str:
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.xadd(
+                self.dead_stream,
+                fields,  # type: ignore[arg-type]
+                maxlen=self.dead_maxlen,
+                approximate=True,
+            )
+            pipe.xack(self.stream, self.group, entry_id)
+            pipe.xdel(self.stream, entry_id)
+            dead_id, _, _ = await pipe.execute()
+        return str(dead_id)
+
+    @translated
+    async def pending_count(self) -> int:
+        summary = await self.client.xpending(self.stream, self.group)
+        return int(summary["pending"])
+
+    @translated
+    async def status(self) -> dict[str, Any]:
+        length = await self.client.xlen(self.stream)
+        dead = await self.client.xlen(self.dead_stream)
+        groups = await self.client.xinfo_groups(self.stream) if length or await self._exists() else []
+        group = next((g for g in groups if g["name"] == self.group), None)
+        consumers = (
+            await self.client.xinfo_consumers(self.stream, self.group) if group else []
+        )
+        return {
+            "stream": self.stream,
+            "group": self.group,
+            "length": int(length),
+            "lag": group.get("lag") if group else None,
+            "pending": int(group["pending"]) if group else 0,
+            "consumers": [
+                {"name": c["name"], "pending": int(c["pending"]), "idle_ms": int(c["idle"])}
+                for c in consumers
+            ],
+            "dead_letter_stream": self.dead_stream,
+            "dead_letters": int(dead),
+        }
+
+    async def _exists(self) -> bool:
+        return bool(await self.client.exists(self.stream))
