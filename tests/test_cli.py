@@ -1,0 +1,101 @@
+"""The command line as operators use it: settings errors, migrate, status, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+
+import pytest
+
+from tests.conftest import PG_BASE, PHOTOS, Env, _admin
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("DARKROOM_CONCURRENCY", "zero"),
+        ("DARKROOM_CONCURRENCY", "0"),
+        ("DARKROOM_STORAGE_URL", "ftp://somewhere"),
+        ("DARKROOM_RENDITIONS", "thumb:320:gif"),
+        ("DARKROOM_SHUTDOWN_GRACE_S", "-1"),
+        ("DARKROOM_CONCURRENCYY", "2"),
+    ],
+)
+def test_bad_setting_exits_2_naming_the_variable(file_env: Env, variable: str, value: str) -> None:
+    """A malformed or unknown DARKROOM_* variable stops start-up with exit 2 and its name."""
+    result = file_env.cli("run", check=False, **{variable: value})
+    assert result.returncode == 2
+    assert variable in result.stderr and "invalid setting" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_database_is_a_clear_error(file_env: Env) -> None:
+    """A dead database URL ends with exit 1 and the database_unavailable code, no traceback."""
+    result = file_env.cli("status", check=False, DARKROOM_DATABASE_URL="postgresql://postgres@127.0.0.1:1/x")
+    assert result.returncode == 1
+    assert "database_unavailable" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_migrate_creates_the_database_and_is_idempotent(file_env: Env) -> None:
+    """`darkroom migrate` creates a missing database, and running it again changes nothing."""
+    name = f"darkroom_m_{uuid.uuid4().hex[:10]}"
+    url = f"{PG_BASE}/{name}"
+    try:
+        first = file_env.cli("migrate", DARKROOM_DATABASE_URL=url)
+        second = file_env.cli("migrate", DARKROOM_DATABASE_URL=url)
+        assert "created" in first.stdout and "created" not in second.stdout
+        env = Env({**file_env.vars, "DARKROOM_DATABASE_URL": url}, file_env.redis, file_env.tmp)
+        tables = env.query("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        assert {t["tablename"] for t in tables} == {"photos", "photo_jobs"}
+    finally:
+        _admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_schema_refuses_a_published_half_made_photo(file_env: Env) -> None:
+    """The database itself rejects visibility=published on a photo that is not processed."""
+    photo_id = uuid.uuid4()
+    file_env.query("INSERT INTO photos (id, original_key) VALUES ($1, 'k')", photo_id)
+    with pytest.raises(Exception, match="photos_published_is_processed"):
+        file_env.query("UPDATE photos SET visibility = 'published' WHERE id = $1", photo_id)
+    with pytest.raises(Exception, match="photos_processing_state_check"):
+        file_env.query("UPDATE photos SET processing_state = 'done' WHERE id = $1", photo_id)
+
+
+def test_status_json_reports_stream_group_and_photos(file_env: Env) -> None:
+    """`status --json` shows backlog, pending, dead letters and photos by state."""
+    file_env.ingest([PHOTOS / "4.webp", PHOTOS / "animated-loop-3.gif"])
+    report = json.loads(file_env.cli("status", "--json").stdout)
+    assert report["length"] == 2 and report["pending"] == 0 and report["lag"] == 2
+    assert report["photos"] == {"uploaded": 2}
+    file_env.cli("run", "--drain")
+    report = json.loads(file_env.cli("status", "--json").stdout)
+    assert (report["length"], report["pending"], report["dead_letters"]) == (0, 0, 0)
+    assert report["photos"] == {"processed": 2}
+    text = file_env.cli("status").stdout
+    assert "processed" in text and file_env.stream in text
+
+
+def test_sigterm_mid_batch_finishes_in_flight_and_loses_nothing(file_env: Env) -> None:
+    """SIGTERM: stop reading, finish and ack in-flight photos, exit 0; the next run does the rest."""
+    paths = sorted(PHOTOS.glob("Landscape_*.jpg")) * 2
+    ids = file_env.ingest(paths)
+    worker = file_env.start("run")
+    deadline = time.monotonic() + 60
+    while not file_env.query("SELECT 1 FROM photos WHERE processing_state = 'processed'"):
+        assert time.monotonic() < deadline and worker.poll() is None
+        time.sleep(0.05)
+    worker.send_signal(signal.SIGTERM)
+    _, stderr = worker.communicate(timeout=60)
+    assert worker.returncode == 0, stderr
+    states = {r["processing_state"] for r in file_env.query("SELECT processing_state FROM photos")}
+    assert states <= {"processed", "uploaded"}, "in-flight photos were finished and committed"
+    left = file_env.query("SELECT id FROM photos WHERE processing_state = 'uploaded'")
+    assert left, "the signal arrived mid-batch"
+    queued = {fields["photo_id"] for _, fields in file_env.redis.xrange(file_env.stream)}
+    assert {str(r["id"]) for r in left} <= queued, "every unfinished photo is still in the stream"
+    file_env.cli("run", "--drain")
+    done = file_env.query("SELECT id FROM photos WHERE processing_state = 'processed'")
+    assert len(done) == len(ids)
+    assert file_env.redis.xlen(file_env.stream) == 0

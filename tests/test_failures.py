@@ -1,0 +1,109 @@
+"""Failures end in a stable error code, in Postgres and in the dead-letter stream; none is lost."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+from tests.conftest import PHOTOS, Env
+
+
+def dead_letters(env: Env) -> list[dict[str, str]]:
+    return [fields for _, fields in env.redis.xrange(env.dead)]
+
+
+def photo_and_job(env: Env, photo_id: uuid.UUID) -> tuple[dict[str, object], dict[str, object]]:
+    photo = env.query("SELECT * FROM photos WHERE id = $1", photo_id)[0]
+    job = env.query("SELECT * FROM photo_jobs WHERE photo_id = $1", photo_id)[0]
+    return photo, job
+
+
+def assert_failed(env: Env, photo_id: uuid.UUID, code: str, attempts: int) -> dict[str, str]:
+    """Photo processing_failed + unpublished, job failed, one dead letter, stream empty."""
+    photo, job = photo_and_job(env, photo_id)
+    assert (photo["processing_state"], photo["visibility"], photo["error_code"]) == (
+        "processing_failed", "unpublished", code)  # fmt: skip
+    assert photo["renditions"] is None and photo["processed_at"] is None
+    assert (job["state"], job["error_code"]) == ("failed", code)
+    assert job["last_error"]
+    [letter] = dead_letters(env)
+    assert letter["photo_id"] == str(photo_id) and letter["error_code"] == code
+    assert int(letter["attempts"]) == attempts
+    assert {"source_id", "error", "stage", "consumer", "failed_at"} <= letter.keys()
+    assert env.redis.xlen(env.stream) == 0
+    assert env.redis.xpending(env.stream, "darkroom")["pending"] == 0
+    return letter
+
+
+def test_corrupt_image_is_dead_lettered_at_once(file_env: Env, tmp_path: Path) -> None:
+    """A truncated JPEG fails on its first attempt as corrupt_image, without retries."""
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes((PHOTOS / "Landscape_1.jpg").read_bytes()[:60_000])
+    [photo_id] = file_env.ingest([broken])
+    file_env.cli("run", "--drain")
+    letter = assert_failed(file_env, photo_id, "corrupt_image", attempts=1)
+    assert letter["stage"] == "render"
+    assert not (file_env.tmp / "var" / "storage" / "renditions" / str(photo_id)).exists()
+
+
+def test_not_an_image_is_unsupported_format(file_env: Env, tmp_path: Path) -> None:
+    """A CSV renamed .jpg is refused by content (no libvips matrix/CSV loader runs)."""
+    fake = tmp_path / "table.jpg"
+    fake.write_text("1,2,3\n4,5,6\n")
+    [photo_id] = file_env.ingest([fake])
+    file_env.cli("run", "--drain")
+    assert_failed(file_env, photo_id, "unsupported_format", attempts=1)
+
+
+def test_missing_original_is_original_missing(file_env: Env) -> None:
+    """An original deleted from storage before processing fails as original_missing."""
+    [photo_id] = file_env.ingest([PHOTOS / "4.webp"])
+    shutil.rmtree(file_env.tmp / "var" / "storage" / "originals" / str(photo_id))
+    file_env.cli("run", "--drain")
+    assert_failed(file_env, photo_id, "original_missing", attempts=1)
+
+
+def test_malformed_entry_is_bad_message(file_env: Env) -> None:
+    """An entry without a UUID photo_id goes to the dead-letter stream with its fields."""
+    file_env.cli("enqueue", str(uuid.uuid4()))  # creates the group
+    file_env.redis.xadd(file_env.stream, {"photo_id": "not-a-uuid", "trace": "abc"})
+    file_env.cli("run", "--drain")
+    [letter] = [d for d in dead_letters(file_env)]
+    assert letter["error_code"] == "bad_message" and letter["orig_photo_id"] == "not-a-uuid"
+    assert letter["trace"] == "abc" and letter["photo_id"] == ""
+    assert file_env.redis.xlen(file_env.stream) == 0
+
+
+def test_transient_failure_retries_with_backoff_then_dead_letters(file_env: Env) -> None:
+    """A storage error is retried (attempt counter = deliveries) and dead-lettered at the cap."""
+    [photo_id] = file_env.ingest([PHOTOS / "4.webp"])
+    original = next((file_env.tmp / "var" / "storage" / "originals" / str(photo_id)).iterdir())
+    original.unlink()
+    original.mkdir()  # reading a directory is an I/O error, not a missing object
+    log = file_env.cli(
+        "run", "--drain",
+        DARKROOM_MAX_ATTEMPTS="3", DARKROOM_RETRY_BASE_MS="200", DARKROOM_CLAIM_IDLE_MS="1000",
+    ).stderr  # fmt: skip
+    assert log.count('"attempt failed; will retry"') == 2
+    assert_failed(file_env, photo_id, "storage_unavailable", attempts=3)
+    _, job = photo_and_job(file_env, photo_id)
+    assert job["attempt"] == 3
+
+
+def test_failed_photo_replayed_after_fix_is_published(file_env: Env) -> None:
+    """Re-enqueueing a dead-lettered photo once its original is fixed publishes it."""
+    [photo_id] = file_env.ingest([PHOTOS / "4.webp"])
+    folder = file_env.tmp / "var" / "storage" / "originals" / str(photo_id)
+    original = next(folder.iterdir())
+    good = original.read_bytes()
+    original.write_bytes(good[:1000])
+    file_env.cli("run", "--drain")
+    assert_failed(file_env, photo_id, "corrupt_image", attempts=1)
+    original.write_bytes(good)
+    file_env.cli("enqueue", str(photo_id))
+    file_env.cli("run", "--drain")
+    photo, job = photo_and_job(file_env, photo_id)
+    assert (photo["processing_state"], photo["visibility"], photo["error_code"]) == (
+        "processed", "published", None)  # fmt: skip
+    assert (job["state"], job["attempt"]) == ("done", 2)
