@@ -77,7 +77,7 @@ def s3_endpoint() -> Iterator[str]:
     deadline = time.monotonic() + 30
     while True:
         try:
-            urllib.request.urlopen(f"{url}/moto-api/", timeout=1)  # noqa: S310 - loopback
+            urllib.request.urlopen(f"{url}/moto-api/", timeout=1)
             break
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
@@ -210,7 +210,10 @@ def s3_env(tmp_path: Path, database_url: str, s3_endpoint: str, s3_bucket: str) 
     yield from _env(
         tmp_path,
         database_url,
-        {"DARKROOM_STORAGE_URL": f"s3://{s3_bucket}/photos", "DARKROOM_S3_ENDPOINT_URL": s3_endpoint},
+        {
+            "DARKROOM_STORAGE_URL": f"s3://{s3_bucket}/photos",
+            "DARKROOM_S3_ENDPOINT_URL": s3_endpoint,
+        },
     )
 
 

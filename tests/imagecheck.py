@@ -5,7 +5,13 @@ from __future__ import annotations
 import pyvips
 
 METADATA_FIELDS = ("exif-data", "xmp-data", "iptc-data", "icc-profile-data")
-METADATA_BYTES = (b"Exif\x00\x00", b"GPS", b"<x:xmpmeta", b"http://ns.adobe.com/xap", b"Photoshop 3.0")
+METADATA_BYTES = (
+    b"Exif\x00\x00",
+    b"GPS",
+    b"<x:xmpmeta",
+    b"http://ns.adobe.com/xap",
+    b"Photoshop 3.0",
+)
 
 
 def sniff(data: bytes) -> str:

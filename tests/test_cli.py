@@ -33,7 +33,9 @@ def test_bad_setting_exits_2_naming_the_variable(file_env: Env, variable: str, v
 
 def test_unreachable_database_is_a_clear_error(file_env: Env) -> None:
     """A dead database URL ends with exit 1 and the database_unavailable code, no traceback."""
-    result = file_env.cli("status", check=False, DARKROOM_DATABASE_URL="postgresql://postgres@127.0.0.1:1/x")
+    result = file_env.cli(
+        "status", check=False, DARKROOM_DATABASE_URL="postgresql://postgres@127.0.0.1:1/x"
+    )
     assert result.returncode == 1
     assert "database_unavailable" in result.stderr and "Traceback" not in result.stderr
 
@@ -78,7 +80,7 @@ def test_status_json_reports_stream_group_and_photos(file_env: Env) -> None:
 
 
 def test_sigterm_mid_batch_finishes_in_flight_and_loses_nothing(file_env: Env) -> None:
-    """SIGTERM: stop reading, finish and ack in-flight photos, exit 0; the next run does the rest."""
+    """SIGTERM: stop reading, finish and ack in-flight photos, exit 0; next run does the rest."""
     paths = sorted(PHOTOS.glob("Landscape_*.jpg")) * 2
     ids = file_env.ingest(paths)
     worker = file_env.start("run")

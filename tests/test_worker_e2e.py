@@ -35,20 +35,28 @@ def last_error(env: Env, photo_id: uuid.UUID) -> str | None:
     return rows[0]["last_error"] if rows else None
 
 
-def check_published(env: Env, ids: list[uuid.UUID], paths: list[Path], fetch: Fetch) -> dict[str, dict[str, bytes]]:
+def check_published(
+    env: Env, ids: list[uuid.UUID], paths: list[Path], fetch: Fetch
+) -> dict[str, dict[str, bytes]]:
     """Every photo processed, published, with all four renditions right; returns files."""
     rows = photos_by_id(env, ids)
     files: dict[str, dict[str, bytes]] = {}
     for photo_id, path in zip(ids, paths, strict=True):
         row = rows[photo_id]
         state = (row["processing_state"], row["visibility"])
-        assert state == ("processed", "published"), (path.name, row["error_code"], last_error(env, photo_id))
+        assert state == ("processed", "published"), (
+            path.name,
+            row["error_code"],
+            last_error(env, photo_id),
+        )
         assert row["processed_at"] is not None and row["error_code"] is None
         assert row["bytes"] == path.stat().st_size
         if path.name in UPRIGHT:
             assert (row["width"], row["height"]) == UPRIGHT[path.name], path.name
         renditions = json.loads(row["renditions"])
-        assert [(r["name"], r["format"]) for r in renditions] == [(n, f) for n, f, _ in sorted(EXPECTED, key=lambda e: -e[2])]
+        assert [(r["name"], r["format"]) for r in renditions] == [
+            (n, f) for n, f, _ in sorted(EXPECTED, key=lambda e: -e[2])
+        ]
         files[path.name] = {}
         for r, (_, _, size) in zip(renditions, sorted(EXPECTED, key=lambda e: -e[2]), strict=True):
             ext = "jpg" if r["format"] == "jpeg" else r["format"]
@@ -117,12 +125,16 @@ def test_second_run_is_already_and_uploads_nothing(file_env: Env) -> None:
     first = photos_by_id(file_env, ids)
     file_env.cli("enqueue", *map(str, ids))
     log = file_env.cli("run", "--drain").stderr
-    outcomes = [json.loads(line).get("outcome") for line in log.splitlines() if '"entry done"' in line]
+    outcomes = [
+        json.loads(line).get("outcome") for line in log.splitlines() if '"entry done"' in line
+    ]
     assert outcomes == ["already", "already"]
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
     second = photos_by_id(file_env, ids)
     assert [second[i]["processed_at"] for i in ids] == [first[i]["processed_at"] for i in ids]
-    jobs = file_env.query("SELECT state, attempt FROM photo_jobs WHERE photo_id = ANY($1::uuid[])", ids)
+    jobs = file_env.query(
+        "SELECT state, attempt FROM photo_jobs WHERE photo_id = ANY($1::uuid[])", ids
+    )
     assert [(j["state"], j["attempt"]) for j in jobs] == [("done", 1), ("done", 1)]
     check_stream_empty(file_env)
 

@@ -61,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--drain", action="store_true", help="exit 0 once nothing is new or pending")
     status = sub.add_parser("status", help="stream, group, dead letters and photos by state")
     status.add_argument("--json", action="store_true")
+    photos = sub.add_parser("photos", help="a table of recent photos and their outcomes")
+    photos.add_argument(
+        "--state", choices=["uploaded", "processing", "processed", "processing_failed"]
+    )
+    photos.add_argument("--limit", type=int, default=50)
+    photos.add_argument("--json", action="store_true")
     return parser
 
 
@@ -163,9 +169,19 @@ async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
         _storage(settings) as storage,
     ):
         worker = Worker(settings, pool, streams, storage)
-        server = await metrics.serve(settings.metrics_port, worker.ready) if settings.metrics_port else None
-        log.info("worker started", consumer=settings.consumer, stream=settings.stream,
-                 group=settings.group, concurrency=settings.concurrency, drain=args.drain)  # fmt: skip
+        server = (
+            await metrics.serve(settings.metrics_port, worker.ready)
+            if settings.metrics_port
+            else None
+        )
+        log.info(
+            "worker started",
+            consumer=settings.consumer,
+            stream=settings.stream,
+            group=settings.group,
+            concurrency=settings.concurrency,
+            drain=args.drain,
+        )
         try:
             return await _run_until_signalled(worker, args.drain)
         finally:
@@ -223,7 +239,24 @@ def _format_status(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+async def cmd_photos(settings: Settings, args: argparse.Namespace) -> int:
+    async with _services(settings, 1) as (pool, _):
+        rows = await db.list_photos(pool, args.state, args.limit)
+    if args.json:
+        print(msgspec.json.encode(rows).decode())
+        return 0
+    header = f"{'photo_id':<36}  {'state':<17}  {'format':<6}  {'size':>11}  {'bytes':>9}  "
+    print(header + "renditions  attempt  error_code")
+    for r in rows:
+        size = f"{r['width']}x{r['height']}" if r["width"] else "-"
+        print(f"{r['id']!s:<36}  {r['processing_state']:<17}  {r['format'] or '-':<6}  "
+              f"{size:>11}  {r['bytes'] or 0:>9}  {r['renditions']:>10}  {r['attempt']:>7}  "
+              f"{r['error_code'] or ''}")  # fmt: skip
+    return 0
+
+
 COMMANDS = {
+    "photos": cmd_photos,
     "migrate": cmd_migrate,
     "ingest": cmd_ingest,
     "enqueue": cmd_enqueue,

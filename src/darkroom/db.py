@@ -39,9 +39,7 @@ def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
 
 @translated
 async def connect(url: str, size: int) -> Pool:
-    return await asyncpg.create_pool(
-        url, min_size=1, max_size=size, command_timeout=30, timeout=10
-    )
+    return await asyncpg.create_pool(url, min_size=1, max_size=size, command_timeout=30, timeout=10)
 
 
 def schema_sql() -> str:
@@ -226,3 +224,20 @@ async def count_failures(pool: Pool) -> dict[str, int]:
         " GROUP BY 1 ORDER BY 2 DESC"
     )
     return {row["error_code"] or "unknown": row["n"] for row in rows}
+
+
+@translated
+async def list_photos(pool: Pool, state: str | None, limit: int) -> list[dict[str, Any]]:
+    rows = await pool.fetch(
+        """
+        SELECT p.id, p.processing_state, p.visibility, p.format, p.width, p.height, p.bytes,
+               p.error_code, coalesce(j.attempt, 0) AS attempt,
+               coalesce(jsonb_array_length(p.renditions), 0) AS renditions, p.updated_at
+        FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
+        WHERE $1::text IS NULL OR p.processing_state = $1
+        ORDER BY p.updated_at DESC, p.id LIMIT $2
+        """,
+        state,
+        limit,
+    )
+    return [dict(row) for row in rows]

@@ -124,8 +124,8 @@ def _table() -> dict[str, CodeInfo]:
     classes: list[type[DarkroomError]] = [
         BadMessageError, OriginalMissingError, OriginalTooLargeError, UnsupportedFormatError,
         CorruptImageError, ImageTooLargeError, StorageUnavailableError, DatabaseUnavailableError,
-        QueueUnavailableError, RenderTimeoutError, RenderCrashedError, RenderOutOfMemoryError, AttemptsExhaustedError,
-        InternalError,
+        QueueUnavailableError, RenderTimeoutError, RenderCrashedError, RenderOutOfMemoryError,
+        AttemptsExhaustedError, InternalError,
     ]  # fmt: skip
     return {c.code: CodeInfo(c.retryable, c.stage, docs[c.code]) for c in classes}
 

@@ -42,7 +42,7 @@ async def serve(port: int, ready: Callable[[], bool]) -> asyncio.Server:
         finally:
             writer.close()
 
-    return await asyncio.start_server(respond, "0.0.0.0", port)  # noqa: S104 - container port
+    return await asyncio.start_server(respond, "0.0.0.0", port)
 
 
 def _route(path: str, ready: Callable[[], bool]) -> tuple[str, str, bytes]:
@@ -52,5 +52,9 @@ def _route(path: str, ready: Callable[[], bool]) -> tuple[str, str, bytes]:
         return "200 OK", "text/plain", b"ok\n"
     if path.startswith("/readyz"):
         ok = ready()
-        return ("200 OK" if ok else "503 Service Unavailable"), "text/plain", b"ok\n" if ok else b"not ready\n"
+        return (
+            ("200 OK" if ok else "503 Service Unavailable"),
+            "text/plain",
+            b"ok\n" if ok else b"not ready\n",
+        )
     return "404 Not Found", "text/plain", b"not found\n"

@@ -200,9 +200,7 @@ def _save(image: pyvips.Image, spec: RenditionSpec) -> bytes:
     if image.hasalpha():
         image = image.flatten(background=[255.0] * (image.bands - 1))
     return bytes(
-        image.jpegsave_buffer(
-            Q=spec.quality, interlace=True, optimize_coding=True, keep=_KEEP_NONE
-        )
+        image.jpegsave_buffer(Q=spec.quality, interlace=True, optimize_coding=True, keep=_KEEP_NONE)
     )
 
 

@@ -12,8 +12,7 @@ import signal
 from collections.abc import Sequence
 
 import anyio
-from anyio import to_process
-from anyio.abc import CapacityLimiter
+from anyio import CapacityLimiter, to_process
 
 from darkroom.errors import RenderCrashedError, RenderOutOfMemoryError, RenderTimeoutError
 from darkroom.pipeline import RenderResult, render

@@ -79,7 +79,7 @@ class Streams:
 
     @translated
     async def read_new(self, count: int, block_ms: int) -> list[Entry]:
-        reply = await self.client.xreadgroup(
+        reply: Any = await self.client.xreadgroup(
             self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms
         )
         return _entries(reply[0][1]) if reply else []
@@ -88,7 +88,7 @@ class Streams:
     async def read_own_pending(self, count: int) -> list[Entry]:
         """Take back what this consumer name held before a restart, counting a delivery
         (a history read would not, and a photo that kills the worker must reach the cap)."""
-        rows = await self.client.xpending_range(
+        rows: Any = await self.client.xpending_range(
             self.stream, self.group, "-", "+", count, consumername=self.consumer
         )
         if not rows:
@@ -159,11 +159,11 @@ class Streams:
     async def status(self) -> dict[str, Any]:
         length = await self.client.xlen(self.stream)
         dead = await self.client.xlen(self.dead_stream)
-        groups = await self.client.xinfo_groups(self.stream) if length or await self._exists() else []
-        group = next((g for g in groups if g["name"] == self.group), None)
-        consumers = (
-            await self.client.xinfo_consumers(self.stream, self.group) if group else []
+        groups = (
+            await self.client.xinfo_groups(self.stream) if length or await self._exists() else []
         )
+        group = next((g for g in groups if g["name"] == self.group), None)
+        consumers = await self.client.xinfo_consumers(self.stream, self.group) if group else []
         return {
             "stream": self.stream,
             "group": self.group,

@@ -136,7 +136,9 @@ class Worker:
 
     async def _handle(self, entry: Entry, deliveries: int) -> None:
         started = time.monotonic()
-        bound = log.bind(entry_id=entry.id, photo_id=entry.fields.get("photo_id"), attempt=deliveries)
+        bound = log.bind(
+            entry_id=entry.id, photo_id=entry.fields.get("photo_id"), attempt=deliveries
+        )
         try:
             outcome = await self._process(entry, deliveries)
             await self.streams.ack(entry.id)
@@ -146,7 +148,9 @@ class Worker:
             await self._fail(entry, deliveries, exc, bound)
         except Exception as exc:
             bound.exception("unexpected error")
-            await self._fail(entry, deliveries, InternalError(f"{type(exc).__name__}: {exc}"), bound)
+            await self._fail(
+                entry, deliveries, InternalError(f"{type(exc).__name__}: {exc}"), bound
+            )
         finally:
             self.in_flight.discard(entry.id)
             metrics.IN_FLIGHT.set(len(self.in_flight))
@@ -208,7 +212,9 @@ class Worker:
         try:
             if isinstance(decision, policy.Retry):
                 await self._retry_later(entry, exc, decision.delay_ms)
-                logger.warning("attempt failed; will retry", error=str(exc), delay_ms=decision.delay_ms)
+                logger.warning(
+                    "attempt failed; will retry", error=str(exc), delay_ms=decision.delay_ms
+                )
             else:
                 await self._dead_letter(entry, deliveries, exc)
                 metrics.OUTCOMES.labels("failed").inc()

@@ -1,0 +1,51 @@
+# darkroom: `make demo` runs the worker on the embedded default, `make test` passes the tests.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# The full team corpus where it exists beside the repo, else the bundled sample photos.
+PHOTOS := $(if $(wildcard ../shared/corpus/MANIFEST.md),../shared/corpus,tests/photos)
+IMAGES  = $(filter-out %.md,$(wildcard $(PHOTOS)/*))
+
+.PHONY: demo test lint typecheck pytest bench services clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+# Start PostgreSQL and Redis if they are down (as on this project's machines).
+services:
+	@pg_isready -q -h 127.0.0.1 -p 5432 || pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start
+	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || { mkdir -p /var/lib/redis /var/log/redis; \
+	  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+	  --dir /var/lib/redis --logfile /var/log/redis/ci.log; }
+	@for i in $$(seq 50); do pg_isready -q -h 127.0.0.1 -p 5432 && redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && exit 0; sleep 0.2; done; \
+	  echo "PostgreSQL or Redis did not start" >&2; exit 1
+
+demo: $(STAMP) services
+	$(BIN)/darkroom migrate
+	@echo "ingesting $(words $(IMAGES)) photos from $(PHOTOS)"
+	$(BIN)/darkroom ingest $(IMAGES) >/dev/null
+	DARKROOM_LOG_FORMAT=console $(BIN)/darkroom run --drain
+	$(BIN)/darkroom photos --limit $(words $(IMAGES))
+	$(BIN)/darkroom status
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP) services
+	$(BIN)/pytest -q
+
+test: lint typecheck pytest
+
+bench: $(STAMP) services
+	$(BIN)/python bench/render.py --out docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,145 @@
+"""Pure pieces: settings parsing, retry policy, entry codec, and the import arrows."""
+
+from __future__ import annotations
+
+import ast
+import uuid
+from pathlib import Path
+
+import pytest
+
+from darkroom import policy
+from darkroom.errors import (
+    ERROR_CODES,
+    BadMessageError,
+    CorruptImageError,
+    SettingsError,
+    StorageUnavailableError,
+)
+from darkroom.messages import DeadLetter, Entry, parse_task
+from darkroom.settings import RenditionSpec, from_env, parse_renditions
+
+SRC = Path(__file__).parents[1] / "src" / "darkroom"
+
+
+def test_defaults_match_the_documented_contract() -> None:
+    """With no variables set, the defaults are the documented ones."""
+    s = from_env({})
+    assert s.redis_url == "redis://127.0.0.1:6379/0"
+    assert s.database_url == "postgresql://postgres@127.0.0.1:5432/darkroom"
+    assert s.storage_url == "file:./var/storage"
+    assert (s.stream, s.dead_letter_stream) == ("{darkroom}:photos", "{darkroom}:dead")
+    assert s.shutdown_grace_s == 30 and s.concurrency >= 1 and s.max_attempts == 5
+    assert [(r.name, r.size, r.format, r.quality) for r in s.renditions] == [
+        ("thumb", 320, "webp", 80), ("medium", 1024, "webp", 80),
+        ("medium", 1024, "jpeg", 82), ("large", 2048, "webp", 80)]  # fmt: skip
+
+
+def test_stream_keys_share_one_hash_tag() -> None:
+    """Work and dead-letter streams hash to one Redis Cluster slot (MULTI across both)."""
+    s = from_env({})
+    assert s.stream.split("}")[0] == s.dead_letter_stream.split("}")[0] == "{darkroom"
+
+
+def test_renditions_setting_parses_and_rejects() -> None:
+    """DARKROOM_RENDITIONS takes name:size:format[:quality]; mistakes name the item."""
+    assert parse_renditions("a:64:png, b:100:jpg:70") == (
+        RenditionSpec("a", 64, "png", 100), RenditionSpec("b", 100, "jpeg", 70))  # fmt: skip
+    for bad in [
+        "a:64",
+        "a:64:gif",
+        "a:0:webp",
+        "a:64:webp:101",
+        "a:64:webp,a:32:webp",
+        "A!:64:webp",
+    ]:
+        with pytest.raises(ValueError):  # noqa: PT011 - the message varies by mistake
+            parse_renditions(bad)
+
+
+def test_settings_error_names_the_variable() -> None:
+    """A bad value's error message starts with the variable's name."""
+    with pytest.raises(SettingsError, match=r"^DARKROOM_MAX_ATTEMPTS: must be greater than 0"):
+        from_env({"DARKROOM_MAX_ATTEMPTS": "0"})
+
+
+def test_policy_retries_transient_errors_with_capped_backoff() -> None:
+    """Transient errors retry with growing, jittered, capped delays until the cap."""
+    error = StorageUnavailableError("down")
+    delays = [
+        policy.decide(n, error, max_attempts=9, base_ms=1000, cap_ms=30_000, rand=lambda: 1.0)
+        for n in range(1, 8)
+    ]
+    assert delays == [policy.Retry(d) for d in (1000, 2000, 4000, 8000, 16000, 30000, 30000)]
+    low = policy.decide(3, error, max_attempts=9, base_ms=1000, cap_ms=30_000, rand=lambda: 0.0)
+    assert low == policy.Retry(2000)
+    assert policy.decide(9, error, max_attempts=9, base_ms=1, cap_ms=1) == policy.DeadLetter(
+        "storage_unavailable"
+    )
+
+
+def test_policy_dead_letters_permanent_errors_at_once() -> None:
+    """A permanent error is never retried."""
+    decision = policy.decide(1, CorruptImageError("x"), max_attempts=5, base_ms=1, cap_ms=1)
+    assert decision == policy.DeadLetter("corrupt_image")
+    assert policy.preset_idle_ms(30_000, 4_000) == 26_000 and policy.preset_idle_ms(100, 500) == 0
+
+
+def test_entry_codec() -> None:
+    """A task needs a UUID photo_id; dead letters keep every original field."""
+    photo_id = uuid.uuid4()
+    assert parse_task(Entry("1-0", {"photo_id": str(photo_id)})).photo_id == photo_id
+    for fields in ({}, {"photo_id": "42"}):
+        with pytest.raises(BadMessageError):
+            parse_task(Entry("1-0", fields))
+    letter = DeadLetter(photo_id="p", source_id="1-0", error_code="c", error="e", attempts=2,
+                        stage="render", consumer="w")  # fmt: skip
+    fields = letter.fields({"photo_id": "p", "extra": "x"})
+    assert fields["extra"] == "x" and fields["orig_photo_id"] == "p" and fields["attempts"] == "2"
+
+
+def test_error_codes_are_unique_snake_case() -> None:
+    """Every error class has a distinct, stable, snake_case code."""
+    assert all(code.replace("_", "").isalpha() and code.islower() for code in ERROR_CODES)
+    assert ERROR_CODES["corrupt_image"].retryable is False
+    assert ERROR_CODES["storage_unavailable"].retryable is True
+
+
+LAYERS = {
+    "pipeline": {"errors", "settings"},
+    "policy": {"errors"},
+    "messages": {"errors"},
+    "settings": {"errors"},
+    "errors": set(),
+    "renderer": {"errors", "pipeline", "settings"},
+}
+IO_LIBRARIES = {"redis", "asyncpg", "aioboto3", "anyio", "botocore"}
+
+
+def _imports(module: str) -> set[str]:
+    tree = ast.parse((SRC / f"{module}.py").read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("module", sorted(LAYERS))
+def test_imports_point_down(module: str) -> None:
+    """Pure modules import only what is below them, and pipeline/policy no I/O library."""
+    imported = _imports(module)
+    ours = {name.split(".")[1] for name in imported if name.startswith("darkroom.")}
+    assert ours <= LAYERS[module]
+    if module in ("pipeline", "policy", "messages", "settings"):
+        assert not {name.split(".")[0] for name in imported} & IO_LIBRARIES
+
+
+def test_adapters_do_not_import_each_other() -> None:
+    """db, streams and storage know nothing of one another."""
+    adapters = {"db", "streams", "storage"}
+    for module in adapters:
+        ours = {n.split(".")[1] for n in _imports(module) if n.startswith("darkroom.")}
+        assert not ours & adapters
