@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -107,3 +108,26 @@ def test_failed_photo_replayed_after_fix_is_published(file_env: Env) -> None:
     assert (photo["processing_state"], photo["visibility"], photo["error_code"]) == (
         "processed", "published", None)  # fmt: skip
     assert (job["state"], job["attempt"]) == ("done", 2)
+
+
+def test_dead_letters_are_listed_and_replayed_once(file_env: Env) -> None:
+    """`dlq list` shows the letter; the replay script re-enqueues it once, filters by code."""
+    [photo_id] = file_env.ingest([PHOTOS / "4.webp"])
+    original = next((file_env.tmp / "var" / "storage" / "originals" / str(photo_id)).iterdir())
+    good = original.read_bytes()
+    original.write_bytes(b"not an image at all")
+    file_env.cli("run", "--drain")
+    listed = file_env.cli("dlq", "list").stdout
+    assert str(photo_id) in listed and "unsupported_format" in listed
+    assert file_env.cli("dlq", "replay", "--code", "corrupt_image").stdout == ""
+    assert "would replay" in file_env.cli("dlq", "replay", "--dry-run").stdout
+    assert file_env.redis.xlen(file_env.dead) == 1
+    original.write_bytes(good)
+    script = Path(__file__).parents[1] / "scripts" / "replay-dead-letters"
+    replay = subprocess.run([str(script)], env=file_env.environ(), capture_output=True, text=True)
+    assert replay.returncode == 0 and "replayed as" in replay.stdout
+    assert file_env.cli("dlq", "replay").stdout == "", "a second replay finds nothing"
+    assert file_env.redis.xlen(file_env.dead) == 0 and file_env.redis.xlen(file_env.stream) == 1
+    file_env.cli("run", "--drain")
+    photo, _ = photo_and_job(file_env, photo_id)
+    assert photo["processing_state"] == "processed"

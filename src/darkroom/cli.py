@@ -61,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--drain", action="store_true", help="exit 0 once nothing is new or pending")
     status = sub.add_parser("status", help="stream, group, dead letters and photos by state")
     status.add_argument("--json", action="store_true")
+    dlq = sub.add_parser("dlq", help="list or replay dead letters")
+    dlq.add_argument("action", choices=["list", "replay"])
+    dlq.add_argument("--code", action="append", help="only this error code (repeatable)")
+    dlq.add_argument("--limit", type=int, default=1000)
+    dlq.add_argument("--dry-run", action="store_true", help="replay: show what would be replayed")
     photos = sub.add_parser("photos", help="a table of recent photos and their outcomes")
     photos.add_argument(
         "--state", choices=["uploaded", "processing", "processed", "processing_failed"]
@@ -255,7 +260,34 @@ async def cmd_photos(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
+    """List dead letters, or put them back on the work stream (each one moved atomically)."""
+    streams = _streams(settings)
+    try:
+        letters = [
+            e for e in await streams.dead_letters(args.limit)
+            if not args.code or e.fields.get("error_code") in args.code
+        ]  # fmt: skip
+        for letter in letters:
+            f = letter.fields
+            line = f"{letter.id}  {f.get('photo_id') or '-':<36}  {f.get('error_code', '?'):<20}"
+            if args.action == "list":
+                print(f"{line}  attempts={f.get('attempts')}  {f.get('error', '')[:80]}")
+            elif not f.get("photo_id"):
+                print(f"{line}  not replayable (no photo_id)")
+            elif args.dry_run:
+                print(f"{line}  would replay")
+            else:
+                new_id = await streams.replay(letter.id, task_fields(uuid.UUID(f["photo_id"])))
+                print(f"{line}  replayed as {new_id}")
+    finally:
+        await streams.client.aclose()
+    print(f"{len(letters)} dead letter(s)", file=sys.stderr)
+    return 0
+
+
 COMMANDS = {
+    "dlq": cmd_dlq,
     "photos": cmd_photos,
     "migrate": cmd_migrate,
     "ingest": cmd_ingest,

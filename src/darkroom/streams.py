@@ -151,6 +151,19 @@ class Streams:
         return str(dead_id)
 
     @translated
+    async def dead_letters(self, count: int) -> list[Entry]:
+        return _entries(await self.client.xrange(self.dead_stream, count=count) or [])
+
+    @translated
+    async def replay(self, dead_id: str, fields: dict[str, str]) -> str:
+        """Move one dead letter back to the work stream, atomically (no double replay)."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.xadd(self.stream, fields)  # type: ignore[arg-type]
+            pipe.xdel(self.dead_stream, dead_id)
+            new_id, _ = await pipe.execute()
+        return str(new_id)
+
+    @translated
     async def pending_count(self) -> int:
         summary = await self.client.xpending(self.stream, self.group)
         return int(summary["pending"])
