@@ -143,3 +143,12 @@ def test_adapters_do_not_import_each_other() -> None:
     for module in adapters:
         ours = {n.split(".")[1] for n in _imports(module) if n.startswith("darkroom.")}
         assert not ours & adapters
+
+
+def test_readme_documents_every_setting_and_error_code() -> None:
+    """README.md lists every DARKROOM_* setting and every error code."""
+    from darkroom.settings import PARSERS, env_name
+
+    readme = (SRC.parents[1] / "README.md").read_text()
+    assert [env_name(f) for f in PARSERS if f"`{env_name(f)}`" not in readme] == []
+    assert [code for code in ERROR_CODES if f"| `{code}` |" not in readme] == []
