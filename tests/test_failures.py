@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -131,3 +132,22 @@ def test_dead_letters_are_listed_and_replayed_once(file_env: Env) -> None:
     file_env.cli("run", "--drain")
     photo, _ = photo_and_job(file_env, photo_id)
     assert photo["processing_state"] == "processed"
+
+
+def test_photo_that_kills_the_worker_every_time_is_dead_lettered(file_env: Env) -> None:
+    """SIGKILL on every delivery: after MAX_ATTEMPTS deliveries it is dead-lettered, not looped."""
+    settings = {"DARKROOM_MAX_ATTEMPTS": "2", "DARKROOM_CLAIM_IDLE_MS": "300"}
+    [photo_id] = file_env.ingest([PHOTOS / "iphone_13_pro_max.HEIC"])
+    for attempt in (1, 2):
+        worker = file_env.start("run", **settings)
+        deadline = time.monotonic() + 60
+        while not file_env.query(
+            "SELECT 1 FROM photo_jobs WHERE photo_id = $1 AND attempt = $2", photo_id, attempt
+        ):
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.01)
+        worker.kill()
+        worker.communicate()
+    file_env.cli("run", "--drain", **settings)
+    letter = assert_failed(file_env, photo_id, "attempts_exhausted", attempts=3)
+    assert "none recorded (the worker died)" in letter["error"]
