@@ -16,6 +16,7 @@ from darkroom.errors import (
     UnsupportedFormatError,
 )
 from darkroom.pipeline import Rendered, RenderResult, render
+from darkroom.renderer import render_isolated
 from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 from tests.conftest import PHOTOS
 from tests.imagecheck import jpeg_markers, metadata_leaks, webp_chunks
@@ -224,11 +225,6 @@ def test_truncated_photos_are_corrupt(name: str, keep: float) -> None:
     assert caught.value.code == "corrupt_image"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="pipeline bug: libheif fills HEIC grid tiles missing from the data with green",
-)
 def test_heic_cut_in_its_pixel_data_is_corrupt() -> None:
     """A HEIC whose pixel data (mdat) is cut short fails with corrupt_image, not a green patch."""
     data = photo("iphone_13_pro_max.HEIC")
@@ -266,16 +262,8 @@ def test_custom_renditions_are_honoured_without_upscaling() -> None:
     assert (pick(result, "big", "avif").width, pick(result, "tiny", "png").width) == (1800, 64)
 
 
-# renderer.py imports the deprecated alias anyio.abc.CapacityLimiter (a DeprecationWarning,
-# an error here): import it lazily under this filter until it uses anyio.CapacityLimiter.
-OLD_ANYIO_ALIAS = pytest.mark.filterwarnings("ignore:The anyio.abc.CapacityLimiter alias")
-
-
-@OLD_ANYIO_ALIAS
 async def test_render_isolated_matches_in_process_render() -> None:
     """Rendering in a child process gives the same facts and renditions as in-process."""
-    from darkroom.renderer import render_isolated
-
     name = "iphone_hdr_NO.jpg"
     result = await render_isolated(
         photo(name), DEFAULTS, max_pixels=MAX_PIXELS, timeout_s=120,
@@ -288,11 +276,8 @@ async def test_render_isolated_matches_in_process_render() -> None:
     ]
 
 
-@OLD_ANYIO_ALIAS
 async def test_render_isolated_times_out_with_a_stable_code() -> None:
     """A render slower than timeout_s raises RenderTimeoutError (code timeout); later ones work."""
-    from darkroom.renderer import render_isolated
-
     limiter = anyio.CapacityLimiter(1)
     with pytest.raises(RenderTimeoutError) as caught:
         await render_isolated(

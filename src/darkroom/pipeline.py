@@ -107,8 +107,9 @@ def render(data: bytes, specs: Iterable[RenditionSpec], max_pixels: int) -> Rend
 
 
 def _vips_message(exc: pyvips.Error) -> str:
-    detail = (exc.detail or exc.message or "").strip().splitlines()
-    return detail[-1][:300] if detail else "libvips could not decode the image"
+    text = (exc.detail or exc.message or "").replace("\n (", " (")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "libvips could not decode the image"
 
 
 def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.Image, Facts]:
@@ -120,8 +121,15 @@ def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.I
         raise UnsupportedFormatError(f"loader {loader} is not allowed")
     _check_pixels(header.width, header.height, max_pixels)
     width, height = _upright(header)
+    # Untagged RGB is taken as sRGB already: converting sRGB→sRGB costs ~25% and changes nothing.
+    tagged = header.get_typeof("icc-profile-data") or header.interpretation == "cmyk"
     image = pyvips.Image.thumbnail_buffer(
-        data, size, height=size, size="down", option_string="fail_on=error", **_COLOUR
+        data,
+        size,
+        height=size,
+        size="down",
+        option_string="fail_on=error",
+        **(_COLOUR if tagged else {}),
     )  # thumbnail's own fail_on does not reach the loader: pass it in option_string
     return _finish(image), Facts(fmt, width, height)
 
@@ -149,6 +157,7 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
     """HEVC HEIC through libheif/libde265 (pi-heif); irot/imir are applied by libheif."""
     import pi_heif
 
+    _check_boxes(data)
     try:
         heif = pi_heif.open_heif(data, convert_hdr_to_8bit=True)
         width, height = heif.size
@@ -167,6 +176,21 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
         image.set_type(pyvips.GValue.blob_type, "icc-profile-data", bytes(icc))
     resized = image.thumbnail_image(size, height=size, size="down", **_COLOUR)
     return _finish(resized), Facts("heic", width, height)
+
+
+def _check_boxes(data: bytes) -> None:
+    """Every top-level ISO-BMFF box must fit in the data: libheif fills a cut-short upload
+    with flat colour instead of failing, so truncation is caught here."""
+    pos = 0
+    while pos < len(data):
+        size = int.from_bytes(data[pos : pos + 4], "big")
+        if size == 1:
+            size = int.from_bytes(data[pos + 8 : pos + 16], "big")
+        elif size == 0:
+            return  # the last box runs to the end of the file
+        if size < 8 or pos + size > len(data):
+            raise CorruptImageError(f"HEIF box at byte {pos} runs past the end of the data")
+        pos += size
 
 
 def _finish(image: pyvips.Image) -> pyvips.Image:

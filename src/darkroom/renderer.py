@@ -1,22 +1,27 @@
-"""Runs the libvips pipeline off the event loop, in child processes that can be killed.
+"""Runs the libvips pipeline off the event loop, one fresh child process per photo.
 
-A hard wall-clock limit (DARKROOM_JOB_TIMEOUT_S) kills the child; an address-space
-limit (DARKROOM_RENDER_MEMORY_MB) makes allocations fail inside it; a native crash
-ends only that child. Each becomes a stable error code for that one photo.
+Children fork from a forkserver that has already imported libvips, so starting one costs
+milliseconds. A fresh process per photo means a hard wall-clock limit (the child is
+killed: `timeout`), an address-space limit (`out_of_memory`), a native crash that costs
+only that photo (`render_crashed`), and memory that cannot creep over thousands of photos.
 """
 
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import resource
 import signal
 from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any
 
 import anyio
-from anyio import CapacityLimiter, to_process
+from anyio import CapacityLimiter
 
 from darkroom.errors import (
     CorruptImageError,
+    DarkroomError,
     RenderCrashedError,
     RenderOutOfMemoryError,
     RenderTimeoutError,
@@ -24,38 +29,40 @@ from darkroom.errors import (
 from darkroom.pipeline import RenderResult, render
 from darkroom.settings import RenditionSpec
 
-_configured_memory_mb = 0
 _M_ARENA_MAX = -8  # glibc mallopt parameter
+_MEMORY_MARGIN_MB = 64
+_context: Any = None
 
 
-def _configure_child(memory_mb: int) -> None:
-    global _configured_memory_mb
-    if _configured_memory_mb == memory_mb:
-        return
+def _forkserver() -> Any:
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(["darkroom.renderer"])
+    return _context
+
+
+def _child_main(
+    out: Connection, data: bytes, specs: Sequence[RenditionSpec], max_pixels: int, memory_mb: int
+) -> None:
     # Ctrl-C reaches the whole process group; only the worker decides when a render stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Two malloc arenas: far less reserved address space (so the limit measures real use)
-    # and less fragmentation over thousands of photos.
+    # Two malloc arenas: far less reserved address space, so the limit measures real use.
     ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 2)
     limit = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    _configured_memory_mb = memory_mb
-
-
-def render_in_child(
-    data: bytes, specs: Sequence[RenditionSpec], max_pixels: int, memory_mb: int
-) -> RenderResult:
-    _configure_child(memory_mb)
     try:
-        return render(data, specs, max_pixels)
+        out.send(("ok", render(data, specs, max_pixels)))
     except (MemoryError, CorruptImageError) as exc:
         # libvips reports a failed allocation as a generic error: near the limit, it is memory.
         if isinstance(exc, MemoryError) or _peak_mb() >= memory_mb - _MEMORY_MARGIN_MB:
-            raise RenderOutOfMemoryError(f"render needed more than {memory_mb} MB") from None
-        raise
-
-
-_MEMORY_MARGIN_MB = 64
+            out.send(("error", RenderOutOfMemoryError(f"render needed more than {memory_mb} MB")))
+        else:
+            out.send(("error", exc))
+    except DarkroomError as exc:
+        out.send(("error", exc))
+    finally:
+        out.close()
 
 
 def _peak_mb() -> int:
@@ -67,6 +74,21 @@ def _peak_mb() -> int:
     return 0
 
 
+def _receive(conn: Connection, process: Any) -> tuple[str, Any]:
+    try:
+        return conn.recv()  # type: ignore[no-any-return]
+    except EOFError:
+        process.join()
+        return "died", process.exitcode
+
+
+def _death(exitcode: int | None, memory_mb: int) -> DarkroomError:
+    if exitcode == -signal.SIGKILL:
+        return RenderOutOfMemoryError(f"render process was killed (SIGKILL; limit {memory_mb} MB)")
+    name = signal.Signals(-exitcode).name if exitcode and exitcode < 0 else f"exit {exitcode}"
+    return RenderCrashedError(f"render process died ({name})")
+
+
 async def render_isolated(
     data: bytes,
     specs: Sequence[RenditionSpec],
@@ -76,18 +98,29 @@ async def render_isolated(
     memory_mb: int,
     limiter: CapacityLimiter,
 ) -> RenderResult:
-    try:
-        with anyio.fail_after(timeout_s):
-            return await to_process.run_sync(
-                render_in_child,
-                data,
-                specs,
-                max_pixels,
-                memory_mb,
-                cancellable=True,
-                limiter=limiter,
-            )
-    except TimeoutError:
-        raise RenderTimeoutError(f"render took longer than {timeout_s:g} s") from None
-    except anyio.BrokenWorkerProcess as exc:
-        raise RenderCrashedError(f"render process died: {exc}") from None
+    """Render in a new child; raises the child's DarkroomError or timeout/crash/OOM codes."""
+    async with limiter:
+        ctx = _forkserver()
+        receiver, sender = ctx.Pipe(duplex=False)
+        process = ctx.Process(
+            target=_child_main, args=(sender, data, tuple(specs), max_pixels, memory_mb)
+        )
+        try:
+            await anyio.to_thread.run_sync(process.start)
+            sender.close()
+            with anyio.fail_after(timeout_s):
+                kind, value = await anyio.to_thread.run_sync(
+                    _receive, receiver, process, abandon_on_cancel=True
+                )
+        except TimeoutError:
+            raise RenderTimeoutError(f"render took longer than {timeout_s:g} s") from None
+        finally:
+            if process.is_alive():
+                process.kill()
+            await anyio.to_thread.run_sync(process.join)
+            receiver.close()
+    if kind == "ok":
+        return value  # type: ignore[no-any-return]
+    if kind == "error":
+        raise value
+    raise _death(value, memory_mb)
