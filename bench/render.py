@@ -80,11 +80,14 @@ def run_mode(mode: str, concurrency: int, rounds: int) -> dict[str, float]:
     if mode == "processes":
         from darkroom.renderer import render_isolated
 
+        child_peak_mb = 0
+
         async def isolated() -> float:
             limiter = anyio.CapacityLimiter(concurrency)
 
             async def job(data: bytes) -> None:
-                await render_isolated(
+                nonlocal child_peak_mb
+                result = await render_isolated(
                     data,
                     specs,
                     max_pixels=settings.max_pixels,
@@ -92,6 +95,7 @@ def run_mode(mode: str, concurrency: int, rounds: int) -> dict[str, float]:
                     memory_mb=settings.render_memory_mb,
                     limiter=limiter,
                 )
+                child_peak_mb = max(child_peak_mb, result.peak_rss_mb)
 
             async with anyio.create_task_group() as tg:  # warm-up: start every worker
                 for _ in range(concurrency):
@@ -104,13 +108,15 @@ def run_mode(mode: str, concurrency: int, rounds: int) -> dict[str, float]:
 
         seconds = anyio.run(isolated)
     else:
+        child_peak_mb = 0
         one(photos[0])
         start = time.perf_counter()
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(one, jobs))
         seconds = time.perf_counter() - start
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    # Render children fork from a forkserver, so they report their own peak RSS.
+    children = child_peak_mb if mode == "processes" else 0
     return {"seconds": seconds, "photos": len(jobs), "mp": megapixels * rounds,
             "rss_mb": own, "child_rss_mb": children}  # fmt: skip
 

@@ -19,6 +19,11 @@ STAGE_SECONDS = Histogram(
     ["stage"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
+RENDER_PEAK_RSS_MB = Histogram(
+    "darkroom_render_peak_rss_mb",
+    "Peak resident memory of one render process",
+    buckets=(32, 64, 128, 256, 512, 1024, 2048, 4096),
+)
 IN_FLIGHT = Gauge("darkroom_in_flight", "Entries being processed by this worker")
 RECLAIMED = Counter("darkroom_reclaimed_total", "Entries taken over with XAUTOCLAIM")
 DELETED_WHILE_PENDING = Counter(

@@ -56,6 +56,7 @@ class Rendered(msgspec.Struct, frozen=True):
 class RenderResult(msgspec.Struct, frozen=True):
     facts: Facts
     renditions: list[Rendered]
+    peak_rss_mb: int = 0  # filled in by the render process that made it
 
 
 def configure() -> None:

@@ -178,6 +178,7 @@ class Worker:
                 memory_mb=self.settings.render_memory_mb,
                 limiter=self.limiter,
             )
+        metrics.RENDER_PEAK_RSS_MB.observe(result.peak_rss_mb)
         with _timed("upload"):
             renditions = await self._upload(task.photo_id, result)
         facts = {**msgspec.structs.asdict(result.facts), "bytes": len(original)}
