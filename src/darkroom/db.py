@@ -7,21 +7,24 @@ change `processed_at` once set. Driver errors become DatabaseUnavailableError he
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from darkroom.errors import DatabaseUnavailableError
 
 P = ParamSpec("P")
 R = TypeVar("R")
 Pool = asyncpg.Pool
+Connection = PoolConnectionProxy
 
 
 def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
@@ -241,3 +244,74 @@ async def list_photos(pool: Pool, state: str | None, limit: int) -> list[dict[st
         limit,
     )
     return [dict(row) for row in rows]
+
+
+@translated
+async def photo_state(pool: Pool, photo_id: uuid.UUID) -> str | None:
+    state: str | None = await pool.fetchval(
+        "SELECT processing_state FROM photos WHERE id = $1", photo_id
+    )
+    return state
+
+
+@translated
+async def ping(pool: Pool) -> None:
+    await pool.fetchval("SELECT 1")
+
+
+# Photos not terminal whose last sign of progress (photo or job row) is older than $1 s.
+STALE_SQL = """
+SELECT p.id, j.stream_entry,
+       (extract(epoch FROM greatest(p.updated_at, coalesce(j.updated_at, p.updated_at)))
+        * 1000)::bigint AS last_activity_ms
+FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
+WHERE p.processing_state IN ('uploaded', 'processing')
+  AND greatest(p.updated_at, coalesce(j.updated_at, p.updated_at))
+      < now() - make_interval(secs => $1)
+ORDER BY 3
+LIMIT $2
+"""
+
+
+@translated
+async def stale_photos(conn: Connection, after_s: float, limit: int) -> list[dict[str, Any]]:
+    return [dict(r) for r in await conn.fetch(STALE_SQL, after_s, limit)]
+
+
+@translated
+async def photos_of_entries(pool: Pool, entry_ids: list[str]) -> list[uuid.UUID]:
+    """Unfinished photos whose job was last delivered through one of these entries."""
+    rows = await pool.fetch(
+        """
+        SELECT j.photo_id FROM photo_jobs j JOIN photos p ON p.id = j.photo_id
+        WHERE j.stream_entry = ANY($1::text[])
+          AND p.processing_state IN ('uploaded', 'processing')
+        """,
+        entry_ids,
+    )
+    return [row["photo_id"] for row in rows]
+
+
+REQUEUED_SQL = """
+INSERT INTO photo_jobs AS j (photo_id, type, state, stream_entry)
+VALUES ($1, 'process', 'pending', $2)
+ON CONFLICT (photo_id, type) DO UPDATE SET stream_entry = EXCLUDED.stream_entry,
+    state = CASE WHEN j.state IN ('done', 'failed') THEN j.state ELSE 'pending' END,
+    updated_at = now()
+"""
+
+
+@translated
+async def record_requeued(conn: Pool | Connection, photo_id: uuid.UUID, entry_id: str) -> None:
+    await conn.execute(REQUEUED_SQL, photo_id, entry_id)
+
+
+@contextlib.asynccontextmanager
+async def advisory_lock(pool: Pool, name: str) -> AsyncIterator[Connection | None]:
+    """A transaction holding a try-lock; yields None if another process holds it."""
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            got = await conn.fetchval("SELECT pg_try_advisory_xact_lock(hashtext($1))", name)
+            yield conn if got else None
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        raise DatabaseUnavailableError(f"{type(exc).__name__}: {exc}") from exc

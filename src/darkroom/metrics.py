@@ -24,6 +24,8 @@ RENDER_PEAK_RSS_MB = Histogram(
     "Peak resident memory of one render process",
     buckets=(32, 64, 128, 256, 512, 1024, 2048, 4096),
 )
+OUTAGES = Counter("darkroom_outages_total", "Dependency outages seen", ["dependency"])
+REQUEUED = Counter("darkroom_requeued_total", "Photos re-enqueued from Postgres", ["reason"])
 IN_FLIGHT = Gauge("darkroom_in_flight", "Entries being processed by this worker")
 RECLAIMED = Counter("darkroom_reclaimed_total", "Entries taken over with XAUTOCLAIM")
 DELETED_WHILE_PENDING = Counter(

@@ -79,6 +79,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_attempts: int = 5
     retry_base_ms: int = 1000
     claim_idle_ms: int = 30_000
+    sweep_after_s: float = 300.0
     job_timeout_s: float = 120.0
     render_memory_mb: int = 2048
     max_pixels: int = 100_000_000
@@ -158,6 +159,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "max_attempts": _positive(int),
     "retry_base_ms": _positive(int),
     "claim_idle_ms": _positive(int),
+    "sweep_after_s": _positive(float),
     "job_timeout_s": _positive(float),
     "render_memory_mb": _positive(int),
     "max_pixels": _positive(int),

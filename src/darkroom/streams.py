@@ -33,6 +33,11 @@ def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     return wrapper
 
 
+def _no_group(exc: ResponseError) -> bool:
+    """Redis lost the group (restarted empty): the entry is gone, Postgres will recover it."""
+    return str(exc).startswith("NOGROUP")
+
+
 def connect(url: str) -> redis.Redis:
     # BLOCK reads stay at most 5 s (settings), well under the socket timeout.
     return redis.Redis.from_url(
@@ -63,7 +68,6 @@ class Streams:
         self.client, self.stream, self.group, self.consumer = client, stream, group, consumer
         self.dead_stream, self.dead_maxlen = dead_stream, dead_maxlen
         self._cursor = "0-0"
-        self.deleted_while_pending = 0
 
     @translated
     async def ensure_group(self) -> None:
@@ -98,16 +102,20 @@ class Streams:
         return [e for e in _entries(claimed) if e.fields]
 
     @translated
-    async def reclaim(self, min_idle_ms: int, count: int) -> list[Entry]:
-        """XAUTOCLAIM one step, keeping the cursor between calls; counts deleted entries."""
+    async def ping(self) -> None:
+        await self.client.ping()
+
+    @translated
+    async def reclaim(self, min_idle_ms: int, count: int) -> tuple[list[Entry], list[str]]:
+        """One XAUTOCLAIM step, keeping the cursor between calls (only `0-0` means a full
+        pass). Returns the claimed entries and the ids of pending entries whose data was
+        deleted (Redis drops those from the PEL; their photos must be re-enqueued)."""
         reply = await self.client.xautoclaim(
             self.stream, self.group, self.consumer, min_idle_ms, self._cursor, count=count
         )
         self._cursor = reply[0]
-        deleted = reply[2] if len(reply) > 2 else []
-        if deleted:
-            self.deleted_while_pending += len(deleted)
-        return [e for e in _entries(reply[1]) if e.fields]
+        deleted = [str(i) for i in reply[2]] if len(reply) > 2 else []
+        return [e for e in _entries(reply[1]) if e.fields], deleted
 
     @translated
     async def deliveries(self, entry_id: str) -> int:
@@ -118,23 +126,35 @@ class Streams:
     async def heartbeat(self, entry_ids: Sequence[str]) -> None:
         """Reset idle time of in-flight entries so no other consumer steals them."""
         if entry_ids:
-            await self.client.xclaim(
-                self.stream, self.group, self.consumer, 0, list(entry_ids), justid=True
-            )
+            try:
+                await self.client.xclaim(
+                    self.stream, self.group, self.consumer, 0, list(entry_ids), justid=True
+                )
+            except ResponseError as exc:
+                if not _no_group(exc):
+                    raise
 
     @translated
     async def backoff(self, entry_id: str, idle_ms: int) -> None:
         """Leave the entry pending, looking `idle_ms` old, without counting a delivery."""
-        await self.client.xclaim(
-            self.stream, self.group, self.consumer, 0, [entry_id], idle=idle_ms, justid=True
-        )
+        try:
+            await self.client.xclaim(
+                self.stream, self.group, self.consumer, 0, [entry_id], idle=idle_ms, justid=True
+            )
+        except ResponseError as exc:
+            if not _no_group(exc):
+                raise
 
     @translated
     async def ack(self, entry_id: str) -> None:
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.xack(self.stream, self.group, entry_id)
             pipe.xdel(self.stream, entry_id)
-            await pipe.execute()
+            try:
+                await pipe.execute()
+            except ResponseError as exc:
+                if not _no_group(exc):
+                    raise
 
     @translated
     async def dead_letter(self, entry_id: str, fields: dict[str, str]) -> str:
@@ -147,8 +167,11 @@ class Streams:
             )
             pipe.xack(self.stream, self.group, entry_id)
             pipe.xdel(self.stream, entry_id)
-            dead_id, _, _ = await pipe.execute()
-        return str(dead_id)
+            replies = await pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, ResponseError) and not _no_group(reply):
+                raise reply
+        return str(replies[0])
 
     @translated
     async def dead_letters(self, count: int) -> list[Entry]:
@@ -162,6 +185,21 @@ class Streams:
             pipe.xdel(self.dead_stream, dead_id)
             new_id, _ = await pipe.execute()
         return str(new_id)
+
+    @translated
+    async def oldest_entry_ms(self) -> int | None:
+        """Time (ms, from the id) of the oldest entry still in the work stream."""
+        first = await self.client.xrange(self.stream, count=1)
+        return int(str(first[0][0]).split("-")[0]) if first else None
+
+    @translated
+    async def missing(self, entry_ids: Sequence[str]) -> set[str]:
+        """Which of these entry ids are no longer in the work stream."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for entry_id in entry_ids:
+                pipe.xrange(self.stream, entry_id, entry_id, count=1)
+            found = await pipe.execute()
+        return {i for i, hit in zip(entry_ids, found, strict=True) if not hit}
 
     @translated
     async def pending_count(self) -> int:

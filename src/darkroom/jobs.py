@@ -1,0 +1,210 @@
+"""One stream entry, start to finish: claim → download → render → upload → publish → ack,
+or a recorded retry, or a dead letter.
+
+Ordering hazards: the ack comes only after the publishing commit; a final failure is
+one SQL statement and then one Redis MULTI (dead letter + ack + delete). A dependency
+outage is waited out in place (health.Gate), so it costs the photo no attempt.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import msgspec
+import structlog
+
+from darkroom import db, metrics, policy
+from darkroom.errors import AttemptsExhaustedError, DarkroomError, InternalError
+from darkroom.health import DEPENDENCIES, Gate
+from darkroom.messages import DeadLetter, Entry, parse_task
+from darkroom.pipeline import RenderResult
+from darkroom.renderer import render_isolated
+from darkroom.settings import Settings
+from darkroom.storage import CONTENT_TYPES, Storage
+from darkroom.streams import Streams
+
+log = structlog.get_logger("darkroom.jobs")
+
+# A dependency error while the dependency answers its probe (a dropped connection, say)
+# is retried in place this many times before it counts as the photo's failure.
+IN_PLACE_RETRIES = 2
+
+
+def rendition_key(photo_id: uuid.UUID, name: str, ext: str) -> str:
+    return f"renditions/{photo_id}/{name}.{ext}"
+
+
+class LeftPending(Exception):
+    """Stopping during an outage: leave the entry pending for whoever comes next."""
+
+
+@dataclass
+class Jobs:
+    settings: Settings
+    pool: db.Pool
+    streams: Streams
+    storage: Storage
+    gate: Gate
+    limiter: anyio.CapacityLimiter
+    stopping: anyio.Event
+
+    async def handle(self, entry: Entry, deliveries: int) -> None:
+        started = time.monotonic()
+        bound = log.bind(
+            entry_id=entry.id, photo_id=entry.fields.get("photo_id"), attempt=deliveries
+        )
+        try:
+            outcome = await self._resilient(entry, deliveries)
+            metrics.OUTCOMES.labels(outcome).inc()
+            bound.info("entry done", outcome=outcome, seconds=round(time.monotonic() - started, 3))
+        except LeftPending:
+            bound.warning("stopping during an outage; entry left pending")
+        except DarkroomError as exc:
+            await self._fail(entry, deliveries, exc, bound)
+        except Exception as exc:
+            bound.exception("unexpected error")
+            error = InternalError(f"{type(exc).__name__}: {exc}")
+            await self._fail(entry, deliveries, error, bound)
+
+    async def _resilient(self, entry: Entry, deliveries: int) -> str:
+        """Process and ack; dependency errors are retried in place, outages waited out."""
+        retries = 0
+        claims: dict[str, db.Claim] = {}  # one claim per delivery, however often retried
+        while True:
+            try:
+                outcome = await self._process(entry, deliveries, claims)
+                await self.streams.ack(entry.id)
+                return outcome
+            except DarkroomError as exc:
+                if exc.stage not in DEPENDENCIES or not exc.retryable:
+                    raise
+                if await self.gate.healthy(exc.stage):
+                    retries += 1
+                    if retries > IN_PLACE_RETRIES:
+                        raise
+                    await anyio.sleep(0.25 * 2**retries)
+                else:
+                    await self.gate.wait(exc.stage)
+                if self.stopping.is_set():
+                    raise LeftPending from exc
+
+    async def _process(self, entry: Entry, deliveries: int, claims: dict[str, db.Claim]) -> str:
+        task = parse_task(entry)
+        if deliveries > self.settings.max_attempts:
+            return await self._past_the_cap(task.photo_id, deliveries)
+        claim = claims.get(entry.id) or await db.claim(
+            self.pool, task.photo_id, entry.id, self.streams.consumer
+        )
+        claims[entry.id] = claim
+        if claim.outcome != "claimed":
+            return claim.outcome
+        with _timed("download"):
+            original = await self.storage.get(claim.original_key, self.settings.max_original_bytes)
+        with _timed("render"):
+            result = await render_isolated(
+                original,
+                self.settings.renditions,
+                max_pixels=self.settings.max_pixels,
+                timeout_s=self.settings.job_timeout_s,
+                memory_mb=self.settings.render_memory_mb,
+                limiter=self.limiter,
+            )
+        metrics.RENDER_PEAK_RSS_MB.observe(result.peak_rss_mb)
+        with _timed("upload"):
+            renditions = await self._upload(task.photo_id, result)
+        facts = {**msgspec.structs.asdict(result.facts), "bytes": len(original)}
+        with _timed("publish"):
+            published = await db.publish(self.pool, task.photo_id, facts, renditions)
+        return "published" if published else "already"
+
+    async def _past_the_cap(self, photo_id: uuid.UUID, deliveries: int) -> str:
+        """Checked before any work, so a photo that kills its worker cannot loop."""
+        state = await db.photo_state(self.pool, photo_id)
+        if state is None:
+            return "skipped"
+        if state == "processed":
+            return "already"
+        code, message = await db.last_error(self.pool, photo_id)
+        raise AttemptsExhaustedError(
+            f"delivered {deliveries} times without finishing; last error: "
+            f"{code or 'none recorded (the worker died)'} {message or ''}".strip()
+        )
+
+    async def _upload(self, photo_id: uuid.UUID, result: RenderResult) -> str:
+        described: list[dict[str, Any]] = []
+        async with anyio.create_task_group() as uploads:
+            for r in result.renditions:
+                key = rendition_key(photo_id, r.name, r.ext)
+                uploads.start_soon(self.storage.put, key, r.data, CONTENT_TYPES[r.format])
+                described.append(
+                    {"name": r.name, "format": r.format, "key": key, "width": r.width,
+                     "height": r.height, "bytes": len(r.data)}
+                )  # fmt: skip
+        return msgspec.json.encode(described).decode()
+
+    async def _fail(self, entry: Entry, deliveries: int, exc: DarkroomError, bound: Any) -> None:
+        decision = policy.decide(
+            deliveries,
+            exc,
+            max_attempts=self.settings.max_attempts,
+            base_ms=self.settings.retry_base_ms,
+            cap_ms=self.settings.claim_idle_ms,
+        )
+        final = isinstance(decision, policy.DeadLetter)
+        metrics.FAILURES.labels(exc.code, str(final).lower()).inc()
+        bound = bound.bind(error_code=exc.code, error=str(exc))
+        try:
+            if isinstance(decision, policy.Retry):
+                await self._retry_later(entry, exc, decision.delay_ms)
+                bound.warning("attempt failed; will retry", delay_ms=decision.delay_ms)
+            else:
+                await self._dead_letter(entry, deliveries, exc)
+                metrics.OUTCOMES.labels("failed").inc()
+                bound.error("photo failed; dead-lettered")
+        except DarkroomError as follow_up:
+            # Nothing is lost: the entry stays pending and is reclaimed after the idle time.
+            bound.error("could not record the failure; left pending", cause=str(follow_up))
+
+    async def _retry_later(self, entry: Entry, exc: DarkroomError, delay_ms: int) -> None:
+        photo_id = _photo_id(entry)
+        if photo_id is not None:
+            await db.record_retry(self.pool, photo_id, exc.code, str(exc), delay_ms)
+        idle_ms = policy.preset_idle_ms(self.settings.claim_idle_ms, delay_ms)
+        await self.streams.backoff(entry.id, idle_ms)
+
+    async def _dead_letter(self, entry: Entry, deliveries: int, exc: DarkroomError) -> None:
+        photo_id = _photo_id(entry)
+        if photo_id is not None:
+            await db.record_failure(self.pool, photo_id, exc.code, str(exc))
+        letter = DeadLetter(
+            photo_id=str(photo_id or ""),
+            source_id=entry.id,
+            error_code=exc.code,
+            error=str(exc)[:1000],
+            attempts=deliveries,
+            stage=exc.stage,
+            consumer=self.streams.consumer,
+        )
+        await self.streams.dead_letter(entry.id, letter.fields(entry.fields))
+
+
+def _photo_id(entry: Entry) -> uuid.UUID | None:
+    try:
+        return parse_task(entry).photo_id
+    except DarkroomError:
+        return None
+
+
+class _timed:
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    def __enter__(self) -> None:
+        self.started = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        metrics.STAGE_SECONDS.labels(self.stage).observe(time.monotonic() - self.started)

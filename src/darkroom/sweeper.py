@@ -1,0 +1,60 @@
+"""Postgres is the source of truth: re-enqueue the unfinished photos that Redis lost.
+
+A photo is lost when it is still `uploaded`/`processing`, shows no progress for
+DARKROOM_SWEEP_AFTER_S, and its entry is provably gone from the work stream: the entry
+its job last went through is missing, or (never delivered) every entry still in the
+stream is newer than the photo's last activity. That covers a Redis restart without
+persistence, a producer that crashed between INSERT and XADD, and entries deleted while
+pending. One worker sweeps at a time (a Postgres advisory lock).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from darkroom import db
+from darkroom.messages import task_fields
+from darkroom.streams import Streams
+
+SWEEP_LOCK = "darkroom:sweep"
+BATCH = 500
+# Tolerated clock difference between the Redis and PostgreSQL hosts.
+CLOCK_MARGIN_MS = 5_000
+
+
+def is_lost(photo: dict[str, Any], oldest_entry_ms: int | None, missing: set[str]) -> bool:
+    """Pure: is this stale photo's stream entry certainly gone?"""
+    entry = photo["stream_entry"]
+    if entry is not None:
+        return bool(entry in missing)
+    return oldest_entry_ms is None or oldest_entry_ms > photo["last_activity_ms"] + CLOCK_MARGIN_MS
+
+
+async def sweep(pool: db.Pool, streams: Streams, after_s: float) -> list[uuid.UUID]:
+    """One pass; returns the photos re-enqueued (empty if another worker holds the lock)."""
+    async with db.advisory_lock(pool, SWEEP_LOCK) as conn:
+        if conn is None:
+            return []
+        stale = await db.stale_photos(conn, after_s, BATCH)
+        if not stale:
+            return []
+        oldest = await streams.oldest_entry_ms()
+        missing = await streams.missing([p["stream_entry"] for p in stale if p["stream_entry"]])
+        lost = [p["id"] for p in stale if is_lost(p, oldest, missing)]
+        for photo_id in lost:
+            await requeue(conn, streams, photo_id)
+        return lost
+
+
+async def requeue(conn: db.Pool | db.Connection, streams: Streams, photo_id: uuid.UUID) -> None:
+    entry_id = await streams.enqueue(task_fields(photo_id))
+    await db.record_requeued(conn, photo_id, entry_id)
+
+
+async def requeue_deleted(pool: db.Pool, streams: Streams, entry_ids: list[str]) -> list[uuid.UUID]:
+    """Pending entries deleted from the stream (XAUTOCLAIM's third element): enqueue again."""
+    photos = await db.photos_of_entries(pool, entry_ids)
+    for photo_id in photos:
+        await requeue(pool, streams, photo_id)
+    return photos

@@ -1,0 +1,376 @@
+"""Chaos rig, all on loopback: a private redis-server (restartable, loses its data), a moto
+S3 server, a PostgreSQL database, TCP proxies that can hang or cut connections, and
+restartable `darkroom run` workers whose JSON logs are kept in the tmp dir."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+import redis
+
+from tests.conftest import AWS_ENV, PG_BASE, free_port, s3_client
+
+BUCKET, PREFIX = "chaos", "photos/"
+STREAM, DEAD, GROUP = "{darkroom}:photos", "{darkroom}:dead", "darkroom"
+
+
+def wait_until(probe: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(Exception):
+            if probe():
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not come up within {timeout:g} s")
+        time.sleep(0.1)
+
+
+class Proxy:
+    """TCP forwarder on its own event-loop thread: pause() holds every byte (a hang, the
+    connections stay open), resume() lets them flow, cut() drops every open connection."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.port: int = self._call(self._listen())
+
+    def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+
+    async def _listen(self) -> int:
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            writer.transport.abort()
+            return
+        pair = {writer, up_writer}
+        self.writers |= pair
+        try:
+            await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+        finally:
+            self.writers -= pair
+            for w in pair:
+                w.transport.abort()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                await self.flowing.wait()
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    def pause(self) -> None:
+        self.loop.call_soon_threadsafe(self.flowing.clear)
+
+    def resume(self) -> None:
+        self.loop.call_soon_threadsafe(self.flowing.set)
+
+    def cut(self) -> int:
+        """Abort every open connection (both sides); returns how many were cut."""
+
+        async def go() -> int:
+            writers = list(self.writers)
+            for w in writers:
+                w.transport.abort()
+            return len(writers) // 2
+
+        return int(self._call(go()))
+
+    def close(self) -> None:
+        async def go() -> None:
+            self.server.close()
+            self.flowing.set()
+            for w in list(self.writers):
+                w.transport.abort()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.server.wait_closed()
+
+        self._call(go())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+class RedisServer:
+    """A private redis-server without persistence: a restart starts empty, on the same port."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.port, self.starts = tmp, free_port(), 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, decode_responses=True, socket_timeout=10)
+
+    def start(self) -> None:
+        self.starts += 1
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self.tmp)]
+        with open(self.tmp / f"redis-{self.starts}.log", "wb") as out:
+            self.proc = subprocess.Popen(["redis-server", *args], stdout=out, stderr=out)
+        wait_until(self._ping, "redis-server")
+
+    def _ping(self) -> bool:
+        with self.client() as c:
+            return bool(c.ping())
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+
+
+@dataclass
+class Worker:
+    slot: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+    started: float
+    reported: bool = False
+
+
+class Rig:
+    """Everything a chaos run needs; a context manager that tears it all down, even on error."""
+
+    def __init__(self, tmp: Path, settings: dict[str, str], workers: int = 3) -> None:
+        self.tmp, self.settings, self.n_workers = tmp, settings, workers
+        self.logs = tmp / "logs"
+        self.logs.mkdir(exist_ok=True)
+        self.db = f"darkroom_chaos_{uuid.uuid4().hex[:10]}"
+        self.workers: dict[int, Worker] = {}
+        self.spawned = 0
+        self.crashes: list[dict[str, Any]] = []  # workers that exited on their own
+        self.stack = contextlib.ExitStack()
+
+    def __enter__(self) -> Rig:
+        try:
+            self._open()
+        except BaseException:
+            self.stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
+
+    def _open(self) -> None:
+        self.redis = RedisServer(self.tmp)
+        self.stack.callback(self.redis.stop)
+        self.redis.start()
+        moto_port = free_port()
+        with open(self.tmp / "moto.log", "wb") as out:
+            moto = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
+                stdout=out,
+                stderr=out,
+            )
+        self.stack.callback(lambda: (moto.kill(), moto.wait()))
+        self.s3_url = f"http://127.0.0.1:{moto_port}"
+        wait_until(lambda: _http_ok(f"{self.s3_url}/moto-api/"), "moto server")
+        self.s3 = s3_client(self.s3_url)
+        self.stack.callback(self.s3.close)
+        self.s3.create_bucket(Bucket=BUCKET)
+        self.s3_proxy = Proxy("127.0.0.1", moto_port)
+        self.stack.callback(self.s3_proxy.close)
+        pg = urlsplit(PG_BASE)
+        self.pg_proxy = Proxy(pg.hostname or "127.0.0.1", pg.port or 5432)
+        self.stack.callback(self.pg_proxy.close)
+        self.stack.callback(self._drop_database)
+        self.cli("migrate")
+        self.stack.callback(self._kill_workers)
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def db_url(self, *, direct: bool) -> str:
+        if direct:
+            return f"{PG_BASE}/{self.db}"
+        pg = urlsplit(PG_BASE)
+        netloc = pg.netloc.replace(f"{pg.hostname}:{pg.port}", f"127.0.0.1:{self.pg_proxy.port}")
+        return f"{pg._replace(netloc=netloc).geturl()}/{self.db}"
+
+    def environ(self, *, direct: bool) -> dict[str, str]:
+        """Workers go through the proxies; the producer and the checks go direct."""
+        base = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+        s3 = self.s3_url if direct else f"http://127.0.0.1:{self.s3_proxy.port}"
+        return {
+            **base,
+            **AWS_ENV,
+            "DARKROOM_REDIS_URL": self.redis.url,
+            "DARKROOM_DATABASE_URL": self.db_url(direct=direct),
+            "DARKROOM_STORAGE_URL": f"s3://{BUCKET}/{PREFIX.rstrip('/')}",
+            "DARKROOM_S3_ENDPOINT_URL": s3,
+            "DARKROOM_STREAM": STREAM,
+            "DARKROOM_DEAD_LETTER_STREAM": DEAD,
+            "DARKROOM_GROUP": GROUP,
+            "DARKROOM_LOG_FORMAT": "json",
+            **self.settings,
+        }
+
+    def cli(self, *args: str, direct: bool = True, timeout: float = 300) -> Any:
+        result = subprocess.run(
+            [sys.executable, "-m", "darkroom", *args],
+            env=self.environ(direct=direct),
+            cwd=self.tmp,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if result.returncode != 0:
+            raise AssertionError(f"darkroom {args[0]} exited {result.returncode}:\n{result.stderr}")
+        return result
+
+    def ingest(self, paths: list[Path]) -> list[str]:
+        return list(self.cli("ingest", *map(str, paths)).stdout.split())
+
+    def query(self, sql: str, *params: Any) -> list[dict[str, Any]]:
+        async def go() -> list[dict[str, Any]]:
+            conn = await asyncpg.connect(self.db_url(direct=True), timeout=10)
+            try:
+                return [dict(r) for r in await conn.fetch(sql, *params)]
+            finally:
+                await conn.close()
+
+        return asyncio.run(go())
+
+    def pg_terminate(self) -> int:
+        """Terminate every backend of the database (through a direct connection)."""
+        return len(
+            self.query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = $1 AND pid <> pg_backend_pid()",
+                self.db,
+            )
+        )
+
+    def restart_redis(self, down_s: float) -> None:
+        self.redis.stop()
+        time.sleep(down_s)
+        self.redis.start()
+
+    def _drop_database(self) -> None:
+        async def go() -> None:
+            conn = await asyncpg.connect(f"{PG_BASE}/postgres", timeout=10)
+            try:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
+            finally:
+                await conn.close()
+
+        asyncio.run(go())
+
+    # -- workers ----------------------------------------------------------------------------
+
+    def start_workers(self) -> None:
+        for slot in range(self.n_workers):
+            self.start_worker(slot)
+
+    def start_worker(self, slot: int) -> None:
+        self.spawned += 1
+        log = self.logs / f"worker{slot}-{self.spawned:03d}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "darkroom", "run"],
+                env=self.environ(direct=False),
+                cwd=self.tmp,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,  # its own process group: worker, forkserver, renders
+            )
+        self.workers[slot] = Worker(slot, proc, log, time.monotonic())
+
+    def signal_worker(self, slot: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.workers[slot].proc.pid, sig)
+
+    def kill_worker(self, slot: int) -> None:
+        """SIGKILL the worker's whole process group (a lost container), then restart it."""
+        self.signal_worker(slot, signal.SIGKILL)
+        self.workers[slot].proc.wait()
+        self.workers[slot].reported = True
+        self.start_worker(slot)
+
+    def tend(self) -> None:
+        """Restart workers that exited by themselves, as a container restart policy would."""
+        for slot, w in list(self.workers.items()):
+            rc = w.proc.poll()
+            if rc is None:
+                continue
+            if not w.reported:
+                w.reported = True
+                tail = w.log.read_text(errors="replace").strip().splitlines()[-2:]
+                self.crashes.append({"slot": slot, "rc": rc, "log": w.log.name, "tail": tail})
+                if rc == 2:
+                    raise RuntimeError(f"worker refused its settings: {tail}")
+            if time.monotonic() - w.started >= 1.0:
+                self.signal_worker(slot, signal.SIGKILL)  # leftovers of its group, if any
+                self.start_worker(slot)
+
+    def stop_workers(self, grace_s: float) -> dict[int, int | str]:
+        """SIGTERM each worker (main process only, as `docker stop` does); its exit codes."""
+        for w in self.workers.values():
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGTERM)
+        codes: dict[int, int | str] = {}
+        for slot, w in self.workers.items():
+            try:
+                codes[slot] = w.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.signal_worker(slot, signal.SIGKILL)
+                w.proc.wait()
+                codes[slot] = f"still running {grace_s:g} s after SIGTERM; killed"
+        return codes
+
+    def _kill_workers(self) -> None:
+        for slot, w in self.workers.items():
+            if w.proc.poll() is None:
+                self.signal_worker(slot, signal.SIGKILL)
+            w.proc.wait()
+
+    def log_records(self) -> list[dict[str, Any]]:
+        """Every JSON log line of every worker and drain run, with `ts` as epoch seconds."""
+        records = []
+        for path in sorted(self.logs.glob("*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    record = json.loads(line)
+                    record["ts"] = datetime.fromisoformat(record["timestamp"]).timestamp()
+                    records.append(record)
+        return records
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=1) as response:
+        return bool(response.status == 200)
