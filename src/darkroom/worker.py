@@ -120,7 +120,10 @@ class Worker:
         return min(self.settings.read_block_ms, 500) if drain else self.settings.read_block_ms
 
     async def _drained(self) -> bool:
-        return not self.in_flight and await self.streams.pending_count() == 0
+        """Nothing in flight or pending, and Postgres knows of no lost photo to re-enqueue."""
+        if self.in_flight or await self.streams.pending_count():
+            return False
+        return not await self._sweep_once()
 
     async def _reclaim(self, jobs: TaskGroup) -> None:
         entries, deleted = await self.streams.reclaim(self.settings.claim_idle_ms, self._free())
@@ -176,13 +179,16 @@ class Worker:
         period_s = max(1.0, min(self.settings.sweep_after_s / 2, 60.0))
         while True:
             await anyio.sleep(period_s)
-            if not self.gate.is_open() or self.stopping.is_set():
-                continue
-            try:
-                photos = await sweeper.sweep(self.pool, self.streams, self.settings.sweep_after_s)
-            except DarkroomError as exc:
-                log.warning("sweep failed", error=str(exc))
-                continue
-            if photos:
-                metrics.REQUEUED.labels("sweep").inc(len(photos))
-                log.warning("swept lost photos back into the stream", count=len(photos))
+            if self.gate.is_open() and not self.stopping.is_set():
+                await self._sweep_once()
+
+    async def _sweep_once(self) -> int:
+        try:
+            photos = await sweeper.sweep(self.pool, self.streams, self.settings.sweep_after_s)
+        except DarkroomError as exc:
+            log.warning("sweep failed", error=str(exc))
+            return 0
+        if photos:
+            metrics.REQUEUED.labels("sweep").inc(len(photos))
+            log.warning("swept lost photos back into the stream", count=len(photos))
+        return len(photos)
