@@ -3,6 +3,7 @@ each against the real servers, through the real CLI."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -50,7 +51,7 @@ def test_retry_waits_for_its_backoff(file_env: Env) -> None:
     failures = [e for e in log_lines(stderr) if e["event"] == "attempt failed; will retry"]
     failures += [e for e in log_lines(stderr) if e["event"] == "photo failed; dead-lettered"]
     assert [e["attempt"] for e in failures] == [1, 2, 3, 4]
-    for before, after in zip(failures, failures[1:], strict=False):
+    for before, after in itertools.pairwise(failures):
         gap_s = (
             datetime.fromisoformat(after["timestamp"]) - datetime.fromisoformat(before["timestamp"])
         ).total_seconds()
