@@ -29,6 +29,14 @@ def wait_for(env: Env, sql: str, *args: Any, proc: subprocess.Popen[str] | None 
         time.sleep(0.01)
 
 
+def kill_mid_photo(env: Env, settings: dict[str, str]) -> None:
+    """Start a worker, SIGKILL it as soon as it has claimed a photo."""
+    worker = env.start("run", **settings)
+    wait_for(env, "SELECT 1 FROM photo_jobs WHERE state = 'active'", proc=worker)
+    worker.kill()
+    worker.communicate()
+
+
 def state(env: Env, photo_id: uuid.UUID) -> tuple[str, str, int]:
     row = env.query(
         "SELECT p.processing_state, p.visibility, j.attempt FROM photos p"
@@ -63,10 +71,7 @@ def test_killed_worker_is_recovered_within_the_claim_idle_time(file_env: Env) ->
     """SIGKILL mid-photo: another worker takes the entry over after CLAIM_IDLE_MS and publishes."""
     settings = {"DARKROOM_CLAIM_IDLE_MS": "1500"}
     [photo_id] = file_env.ingest([HEIC])
-    first = file_env.start("run", **settings)
-    wait_for(file_env, "SELECT 1 FROM photo_jobs WHERE state = 'active'", proc=first)
-    first.kill()
-    first.communicate()
+    kill_mid_photo(file_env, settings)
     killed_at = time.monotonic()
     file_env.cli("run", "--drain", **settings)
     assert time.monotonic() - killed_at < 1.5 + 10, "recovered within the bound plus one render"
@@ -119,10 +124,7 @@ def test_entry_deleted_while_pending_is_re_enqueued(file_env: Env) -> None:
     """XAUTOCLAIM reports a pending entry whose data was deleted; its photo is enqueued again."""
     settings = {"DARKROOM_CLAIM_IDLE_MS": "300"}
     [photo_id] = file_env.ingest([HEIC])
-    first = file_env.start("run", **settings)
-    wait_for(file_env, "SELECT 1 FROM photo_jobs WHERE state = 'active'", proc=first)
-    first.kill()
-    first.communicate()
+    kill_mid_photo(file_env, settings)
     [(entry_id, _)] = file_env.redis.xrange(file_env.stream)
     file_env.redis.xdel(file_env.stream, entry_id)
     stderr = file_env.cli("run", "--drain", **settings).stderr
