@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 PHOTOS := $(if $(wildcard ../shared/corpus/MANIFEST.md),../shared/corpus,tests/photos)
 IMAGES  = $(filter-out %.md,$(wildcard $(PHOTOS)/*))
 
-.PHONY: demo test lint typecheck pytest bench services clean
+.PHONY: demo test lint typecheck pytest chaos bench services clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ pytest: $(STAMP) services
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest
+
+# 3 workers, 520 photos, SIGKILL/SIGSTOP/Redis restart/PG and S3 faults (see README).
+chaos: $(STAMP) services
+	$(BIN)/pytest -m chaos -s tests/chaos
 
 bench: $(STAMP) services
 	$(BIN)/python bench/render.py --out docs/benchmarks.md

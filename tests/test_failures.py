@@ -94,7 +94,7 @@ def test_transient_failure_retries_with_backoff_then_dead_letters(file_env: Env)
 
 
 def test_failed_photo_replayed_after_fix_is_published(file_env: Env) -> None:
-    """Re-enqueueing a dead-lettered photo once its original is fixed publishes it."""
+    """A failed photo ignores duplicates; `darkroom retry` after the fix publishes it."""
     [photo_id] = file_env.ingest([PHOTOS / "4.webp"])
     folder = file_env.tmp / "var" / "storage" / "originals" / str(photo_id)
     original = next(folder.iterdir())
@@ -102,8 +102,13 @@ def test_failed_photo_replayed_after_fix_is_published(file_env: Env) -> None:
     original.write_bytes(good[:1000])
     file_env.cli("run", "--drain")
     assert_failed(file_env, photo_id, "corrupt_image", attempts=1)
-    original.write_bytes(good)
     file_env.cli("enqueue", str(photo_id))
+    log = file_env.cli("run", "--drain").stderr
+    assert '"outcome": "already"' in log, "a failed photo is terminal: a duplicate changes nothing"
+    assert photo_and_job(file_env, photo_id)[0]["processing_state"] == "processing_failed"
+    original.write_bytes(good)
+    file_env.cli("retry", str(photo_id))
+    assert file_env.cli("retry", str(photo_id), check=False).returncode == 1
     file_env.cli("run", "--drain")
     photo, job = photo_and_job(file_env, photo_id)
     assert (photo["processing_state"], photo["visibility"], photo["error_code"]) == (

@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("files", nargs="+", type=Path)
     enqueue = sub.add_parser("enqueue", help="XADD existing photos again")
     enqueue.add_argument("photo_ids", nargs="+", type=uuid.UUID)
+    retry = sub.add_parser("retry", help="reset failed photos to uploaded and enqueue them")
+    retry.add_argument("photo_ids", nargs="+", type=uuid.UUID)
     run = sub.add_parser("run", help="run the worker until SIGTERM/SIGINT")
     run.add_argument("--drain", action="store_true", help="exit 0 once nothing is new or pending")
     status = sub.add_parser("status", help="stream, group, dead letters and photos by state")
@@ -168,6 +170,20 @@ async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
+    """A failed photo is terminal until an operator retries it: reset, then XADD."""
+    status = 0
+    async with _services(settings, 1) as (pool, streams):
+        await streams.ensure_group()
+        for photo_id in args.photo_ids:
+            if await db.reset_failed(pool, photo_id):
+                print(photo_id, await streams.enqueue(task_fields(photo_id)), flush=True)
+            else:
+                print(f"{photo_id} is not processing_failed; left alone", file=sys.stderr)
+                status = 1
+    return status
+
+
 async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     async with (
         _services(settings, settings.concurrency + 2) as (pool, streams),
@@ -261,9 +277,9 @@ async def cmd_photos(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
-    """List dead letters, or put them back on the work stream (each one moved atomically)."""
-    streams = _streams(settings)
-    try:
+    """List dead letters, or replay them: the photo is reset to `uploaded` in Postgres, then
+    the letter is moved back onto the work stream in one MULTI (so never twice)."""
+    async with _services(settings, 1) as (pool, streams):
         letters = [
             e for e in await streams.dead_letters(args.limit)
             if not args.code or e.fields.get("error_code") in args.code
@@ -278,15 +294,16 @@ async def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
             elif args.dry_run:
                 print(f"{line}  would replay")
             else:
-                new_id = await streams.replay(letter.id, task_fields(uuid.UUID(f["photo_id"])))
+                photo_id = uuid.UUID(f["photo_id"])
+                await db.reset_failed(pool, photo_id)
+                new_id = await streams.replay(letter.id, task_fields(photo_id))
                 print(f"{line}  replayed as {new_id}")
-    finally:
-        await streams.client.aclose()
     print(f"{len(letters)} dead letter(s)", file=sys.stderr)
     return 0
 
 
 COMMANDS = {
+    "retry": cmd_retry,
     "dlq": cmd_dlq,
     "photos": cmd_photos,
     "migrate": cmd_migrate,

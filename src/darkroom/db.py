@@ -98,26 +98,23 @@ class Claim:
     attempt: int = 0
 
 
-# One statement: lock the photo; a processed photo gets its job marked done (`already`),
-# any other gets its job active with attempt + 1 and the photo `processing`.
+# One statement: lock the photo. A terminal photo (processed, or failed and not reset by
+# a retry) is left alone: `already`. Any other gets its job active with attempt + 1 and
+# the photo `processing`. Terminal states never move on a duplicate delivery.
 CLAIM_SQL = """
 WITH p AS (
-    SELECT id, original_key, processing_state = 'processed' AS finished
+    SELECT id, original_key, processing_state IN ('processed', 'processing_failed') AS finished
     FROM photos WHERE id = $1 FOR UPDATE
 ), job AS (
     INSERT INTO photo_jobs AS j (photo_id, type, state, attempt, stream_entry, consumer,
-                                 started_at, finished_at)
-    SELECT id, 'process', CASE WHEN finished THEN 'done' ELSE 'active' END,
-           CASE WHEN finished THEN 0 ELSE 1 END, $2, $3, now(),
-           CASE WHEN finished THEN now() END
-    FROM p
+                                 started_at)
+    SELECT id, 'process', 'active', 1, $2, $3, now() FROM p WHERE NOT p.finished
     ON CONFLICT (photo_id, type) DO UPDATE SET
-        state = EXCLUDED.state,
-        attempt = j.attempt + EXCLUDED.attempt,
+        state = 'active',
+        attempt = j.attempt + 1,
         stream_entry = EXCLUDED.stream_entry,
         consumer = EXCLUDED.consumer,
-        started_at = CASE WHEN EXCLUDED.state = 'active' THEN now() ELSE j.started_at END,
-        finished_at = COALESCE(j.finished_at, EXCLUDED.finished_at),
+        started_at = now(),
         next_retry_at = NULL,
         updated_at = now()
     RETURNING attempt
@@ -125,7 +122,7 @@ WITH p AS (
     UPDATE photos SET processing_state = 'processing', error_code = NULL, updated_at = now()
     FROM p WHERE photos.id = p.id AND NOT p.finished
 )
-SELECT p.original_key, p.finished, job.attempt FROM p, job
+SELECT p.original_key, p.finished, job.attempt FROM p LEFT JOIN job ON true
 """
 
 
@@ -135,7 +132,7 @@ async def claim(pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str) -
     if row is None:
         return Claim("skipped")
     if row["finished"]:
-        return Claim("already", row["original_key"], row["attempt"])
+        return Claim("already", row["original_key"], 0)
     return Claim("claimed", row["original_key"], row["attempt"])
 
 
@@ -313,10 +310,35 @@ async def record_requeued(conn: Pool | Connection, photo_id: uuid.UUID, entry_id
 
 @contextlib.asynccontextmanager
 async def advisory_lock(pool: Pool, name: str) -> AsyncIterator[Connection | None]:
-    """A transaction holding a try-lock; yields None if another process holds it."""
+    """A connection holding a session try-lock (statements on it autocommit, one by one);
+    yields None if another process holds it. A dead holder's lock goes with its connection."""
     try:
-        async with pool.acquire() as conn, conn.transaction():
-            got = await conn.fetchval("SELECT pg_try_advisory_xact_lock(hashtext($1))", name)
-            yield conn if got else None
+        async with pool.acquire() as conn:
+            if not await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", name):
+                yield None
+                return
+            try:
+                yield conn
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock(hashtext($1))", name)
     except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
         raise DatabaseUnavailableError(f"{type(exc).__name__}: {exc}") from exc
+
+
+RESET_SQL = """
+WITH photo AS (
+    UPDATE photos SET processing_state = 'uploaded', error_code = NULL, updated_at = now()
+    WHERE id = $1 AND processing_state = 'processing_failed'
+    RETURNING id
+)
+UPDATE photo_jobs SET state = 'pending', finished_at = NULL, next_retry_at = NULL,
+    updated_at = now()
+WHERE photo_id IN (SELECT id FROM photo) AND type = 'process'
+RETURNING photo_id
+"""
+
+
+@translated
+async def reset_failed(pool: Pool, photo_id: uuid.UUID) -> bool:
+    """Operator retry: a failed photo becomes `uploaded` again (its attempt count goes on)."""
+    return await pool.fetchval(RESET_SQL, photo_id) is not None

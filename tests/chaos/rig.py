@@ -43,8 +43,8 @@ def wait_until(probe: Callable[[], object], what: str, timeout: float = 30.0) ->
 
 
 class Proxy:
-    """TCP forwarder on its own event-loop thread: pause() holds every byte (a hang, the
-    connections stay open), resume() lets them flow, cut() drops every open connection."""
+    """TCP forwarder on its own event-loop thread: pause() holds every byte (a hang; the
+    connections stay open), resume() lets them flow again, cut() drops every connection."""
 
     def __init__(self, host: str, port: int) -> None:
         self.upstream = (host, port)
@@ -57,9 +57,8 @@ class Proxy:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
 
     async def _listen(self) -> int:
-        self.flowing = asyncio.Event()
+        self.flowing, self.writers = asyncio.Event(), set[asyncio.StreamWriter]()
         self.flowing.set()
-        self.writers: set[asyncio.StreamWriter] = set()
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         return int(self.server.sockets[0].getsockname()[1])
 
@@ -96,13 +95,12 @@ class Proxy:
         self.loop.call_soon_threadsafe(self.flowing.set)
 
     def cut(self) -> int:
-        """Abort every open connection (both sides); returns how many were cut."""
+        """Abort every open connection, both sides; returns how many were cut."""
 
         async def go() -> int:
-            writers = list(self.writers)
-            for w in writers:
+            for w in list(self.writers):
                 w.transport.abort()
-            return len(writers) // 2
+            return len(self.writers) // 2
 
         return int(self._call(go()))
 
@@ -124,40 +122,10 @@ class Proxy:
         self.loop.close()
 
 
-class RedisServer:
-    """A private redis-server without persistence: a restart starts empty, on the same port."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp, self.port, self.starts = tmp, free_port(), 0
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, decode_responses=True, socket_timeout=10)
-
-    def start(self) -> None:
-        self.starts += 1
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "no", "--dir", str(self.tmp)]
-        with open(self.tmp / f"redis-{self.starts}.log", "wb") as out:
-            self.proc = subprocess.Popen(["redis-server", *args], stdout=out, stderr=out)
-        wait_until(self._ping, "redis-server")
-
-    def _ping(self) -> bool:
-        with self.client() as c:
-            return bool(c.ping())
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-
-
 @dataclass
 class Worker:
-    slot: int
     proc: subprocess.Popen[bytes]
+    consumer: str
     log: Path
     started: float
     reported: bool = False
@@ -171,6 +139,8 @@ class Rig:
         self.logs = tmp / "logs"
         self.logs.mkdir(exist_ok=True)
         self.db = f"darkroom_chaos_{uuid.uuid4().hex[:10]}"
+        self.redis_port, self.redis_starts = free_port(), 0
+        self.redis_proc: subprocess.Popen[bytes] | None = None
         self.workers: dict[int, Worker] = {}
         self.spawned = 0
         self.crashes: list[dict[str, Any]] = []  # workers that exited on their own
@@ -188,19 +158,15 @@ class Rig:
         self.stack.close()
 
     def _open(self) -> None:
-        self.redis = RedisServer(self.tmp)
-        self.stack.callback(self.redis.stop)
-        self.redis.start()
+        self.stack.callback(self.stop_redis)
+        self.start_redis()
         moto_port = free_port()
-        with open(self.tmp / "moto.log", "wb") as out:
-            moto = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
-                stdout=out,
-                stderr=out,
-            )
+        moto = self._spawn([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                            str(moto_port)], self.tmp / "moto.log")  # fmt: skip
         self.stack.callback(lambda: (moto.kill(), moto.wait()))
         self.s3_url = f"http://127.0.0.1:{moto_port}"
-        wait_until(lambda: _http_ok(f"{self.s3_url}/moto-api/"), "moto server")
+        api = f"{self.s3_url}/moto-api/"
+        wait_until(lambda: urllib.request.urlopen(api, timeout=1).close() is None, "moto server")
         self.s3 = s3_client(self.s3_url)
         self.stack.callback(self.s3.close)
         self.s3.create_bucket(Bucket=BUCKET)
@@ -213,7 +179,34 @@ class Rig:
         self.cli("migrate")
         self.stack.callback(self._kill_workers)
 
-    # -- commands ---------------------------------------------------------------------------
+    def _spawn(self, argv: list[str], log: Path, **kwargs: Any) -> subprocess.Popen[bytes]:
+        with open(log, "wb") as out:
+            return subprocess.Popen(argv, stdout=out, stderr=out, **kwargs)
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis(port=self.redis_port, decode_responses=True, socket_timeout=10)
+
+    def start_redis(self) -> None:
+        self.redis_starts += 1
+        argv = ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--dir", str(self.tmp)]  # fmt: skip
+        self.redis_proc = self._spawn(argv, self.tmp / f"redis-{self.redis_starts}.log")
+        wait_until(self._ping, "redis-server")
+
+    def _ping(self) -> bool:
+        with self.redis() as client:
+            return bool(client.ping())
+
+    def stop_redis(self) -> None:
+        if self.redis_proc is not None:
+            self.redis_proc.kill()
+            self.redis_proc.wait()
+
+    def restart_redis(self, down_s: float) -> None:
+        """Kill it, stay down a while, start it again empty on the same port."""
+        self.stop_redis()
+        time.sleep(down_s)
+        self.start_redis()
 
     def db_url(self, *, direct: bool) -> str:
         if direct:
@@ -225,30 +218,22 @@ class Rig:
     def environ(self, *, direct: bool) -> dict[str, str]:
         """Workers go through the proxies; the producer and the checks go direct."""
         base = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
-        s3 = self.s3_url if direct else f"http://127.0.0.1:{self.s3_proxy.port}"
-        return {
-            **base,
-            **AWS_ENV,
-            "DARKROOM_REDIS_URL": self.redis.url,
+        return base | AWS_ENV | {
+            "DARKROOM_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
             "DARKROOM_DATABASE_URL": self.db_url(direct=direct),
             "DARKROOM_STORAGE_URL": f"s3://{BUCKET}/{PREFIX.rstrip('/')}",
-            "DARKROOM_S3_ENDPOINT_URL": s3,
+            "DARKROOM_S3_ENDPOINT_URL": self.s3_url if direct
+            else f"http://127.0.0.1:{self.s3_proxy.port}",
             "DARKROOM_STREAM": STREAM,
             "DARKROOM_DEAD_LETTER_STREAM": DEAD,
             "DARKROOM_GROUP": GROUP,
             "DARKROOM_LOG_FORMAT": "json",
-            **self.settings,
-        }
+        } | self.settings  # fmt: skip
 
     def cli(self, *args: str, direct: bool = True, timeout: float = 300) -> Any:
-        result = subprocess.run(
-            [sys.executable, "-m", "darkroom", *args],
-            env=self.environ(direct=direct),
-            cwd=self.tmp,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        result = subprocess.run([sys.executable, "-m", "darkroom", *args], cwd=self.tmp,
+                                env=self.environ(direct=direct), capture_output=True,
+                                text=True, timeout=timeout)  # fmt: skip
         if result.returncode != 0:
             raise AssertionError(f"darkroom {args[0]} exited {result.returncode}:\n{result.stderr}")
         return result
@@ -256,9 +241,9 @@ class Rig:
     def ingest(self, paths: list[Path]) -> list[str]:
         return list(self.cli("ingest", *map(str, paths)).stdout.split())
 
-    def query(self, sql: str, *params: Any) -> list[dict[str, Any]]:
+    def query(self, sql: str, *params: Any, db: str | None = None) -> list[dict[str, Any]]:
         async def go() -> list[dict[str, Any]]:
-            conn = await asyncpg.connect(self.db_url(direct=True), timeout=10)
+            conn = await asyncpg.connect(f"{PG_BASE}/{db or self.db}", timeout=10)
             try:
                 return [dict(r) for r in await conn.fetch(sql, *params)]
             finally:
@@ -267,79 +252,59 @@ class Rig:
         return asyncio.run(go())
 
     def pg_terminate(self) -> int:
-        """Terminate every backend of the database (through a direct connection)."""
-        return len(
-            self.query(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = $1 AND pid <> pg_backend_pid()",
-                self.db,
-            )
-        )
-
-    def restart_redis(self, down_s: float) -> None:
-        self.redis.stop()
-        time.sleep(down_s)
-        self.redis.start()
+        """Terminate every other backend of the database, through a direct connection."""
+        sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1"
+        return len(self.query(f"{sql} AND pid <> pg_backend_pid()", self.db))
 
     def _drop_database(self) -> None:
-        async def go() -> None:
-            conn = await asyncpg.connect(f"{PG_BASE}/postgres", timeout=10)
-            try:
-                await conn.execute(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
-            finally:
-                await conn.close()
-
-        asyncio.run(go())
-
-    # -- workers ----------------------------------------------------------------------------
-
-    def start_workers(self) -> None:
-        for slot in range(self.n_workers):
-            self.start_worker(slot)
+        self.query(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)', db="postgres")
 
     def start_worker(self, slot: int) -> None:
         self.spawned += 1
-        log = self.logs / f"worker{slot}-{self.spawned:03d}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "darkroom", "run"],
-                env=self.environ(direct=False),
-                cwd=self.tmp,
-                stdout=out,
-                stderr=out,
-                start_new_session=True,  # its own process group: worker, forkserver, renders
-            )
-        self.workers[slot] = Worker(slot, proc, log, time.monotonic())
+        consumer = f"chaos-w{slot}-{self.spawned:03d}"
+        log = self.logs / f"{consumer}.log"
+        env = self.environ(direct=False) | {"DARKROOM_CONSUMER": consumer}
+        proc = self._spawn([sys.executable, "-m", "darkroom", "run"], log, cwd=self.tmp, env=env,
+                           start_new_session=True)  # fmt: skip
+        self.workers[slot] = Worker(proc, consumer, log, time.monotonic())
 
     def signal_worker(self, slot: int, sig: signal.Signals) -> None:
+        """Signal the worker's process group: the worker, its forkserver and its renders."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.workers[slot].proc.pid, sig)
 
     def kill_worker(self, slot: int) -> None:
-        """SIGKILL the worker's whole process group (a lost container), then restart it."""
+        """SIGKILL a worker (a lost container) and restart it right away."""
         self.signal_worker(slot, signal.SIGKILL)
         self.workers[slot].proc.wait()
         self.workers[slot].reported = True
         self.start_worker(slot)
 
+    def holding(self, deliveries: int) -> set[int]:
+        """Workers holding an entry already delivered at least `deliveries` times."""
+        with self.redis() as client, contextlib.suppress(redis.RedisError):
+            rows = client.xpending_range(STREAM, GROUP, "-", "+", 10_000)
+            hot = {row["consumer"] for row in rows if row["times_delivered"] >= deliveries}
+            return {slot for slot, w in self.workers.items() if w.consumer in hot}
+        return set()
+
     def tend(self) -> None:
         """Restart workers that exited by themselves, as a container restart policy would."""
         for slot, w in list(self.workers.items()):
-            rc = w.proc.poll()
-            if rc is None:
+            if (rc := w.proc.poll()) is None:
                 continue
             if not w.reported:
                 w.reported = True
                 tail = w.log.read_text(errors="replace").strip().splitlines()[-2:]
                 self.crashes.append({"slot": slot, "rc": rc, "log": w.log.name, "tail": tail})
                 if rc == 2:
-                    raise RuntimeError(f"worker refused its settings: {tail}")
+                    raise RuntimeError(f"a worker refused its settings: {tail}")
             if time.monotonic() - w.started >= 1.0:
                 self.signal_worker(slot, signal.SIGKILL)  # leftovers of its group, if any
                 self.start_worker(slot)
 
     def stop_workers(self, grace_s: float) -> dict[int, int | str]:
-        """SIGTERM each worker (main process only, as `docker stop` does); its exit codes."""
+        """SIGTERM each worker's main process (as `docker stop` does); their exit codes."""
         for w in self.workers.values():
             if w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGTERM)
@@ -350,7 +315,7 @@ class Rig:
             except subprocess.TimeoutExpired:
                 self.signal_worker(slot, signal.SIGKILL)
                 w.proc.wait()
-                codes[slot] = f"still running {grace_s:g} s after SIGTERM; killed"
+                codes[slot] = f"still running {grace_s:g} s after SIGTERM: killed"
         return codes
 
     def _kill_workers(self) -> None:
@@ -360,7 +325,7 @@ class Rig:
             w.proc.wait()
 
     def log_records(self) -> list[dict[str, Any]]:
-        """Every JSON log line of every worker and drain run, with `ts` as epoch seconds."""
+        """Every JSON log line of the workers and the drain run, with `ts` in epoch seconds."""
         records = []
         for path in sorted(self.logs.glob("*.log")):
             for line in path.read_text(errors="replace").splitlines():
@@ -370,7 +335,17 @@ class Rig:
                     records.append(record)
         return records
 
+    def unfinished(self) -> int:
+        """Photos neither processed+published nor processing_failed."""
+        return int(self.query("SELECT count(*) AS n FROM photos WHERE NOT ((processing_state ="
+                              " 'processed' AND visibility = 'published')"
+                              " OR processing_state = 'processing_failed')")[0]["n"])  # fmt: skip
 
-def _http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=1) as response:
-        return bool(response.status == 200)
+    def backlog(self) -> tuple[int, int]:
+        """(work stream length, entries pending in the group)."""
+        with self.redis() as client:
+            length = int(client.xlen(STREAM))
+            try:
+                return length, int(client.xpending(STREAM, GROUP)["pending"])
+            except redis.ResponseError:  # no group
+                return length, 0
