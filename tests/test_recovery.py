@@ -12,6 +12,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from tests.chaos.rig import Proxy
 from tests.conftest import PHOTOS, Env
 
 HEIC = PHOTOS / "iphone_13_pro_max.HEIC"  # the slowest sample: about a second to render
@@ -176,3 +177,48 @@ def test_second_signal_exits_at_once_leaving_entries_pending(file_env: Env) -> N
     assert worker.returncode == 130
     assert file_env.redis.xpending(file_env.stream, "darkroom")["pending"] == 1
     assert state(file_env, photo_id)[:2] == ("processing", "unpublished")
+
+
+def test_storage_outage_burns_no_attempt(s3_env: Env) -> None:
+    """S3 unreachable: the worker pauses and waits; when S3 is back every photo is published
+    on its first delivery, with no retry recorded."""
+    ids = s3_env.ingest([PHOTOS / "4.webp", PHOTOS / "Landscape_5.jpg"])
+    endpoint = s3_env.vars["DARKROOM_S3_ENDPOINT_URL"]
+    proxy = Proxy("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))
+    try:
+        proxy.refuse(True)
+        worker = s3_env.start("run", DARKROOM_S3_ENDPOINT_URL=f"http://{proxy.url_host}")
+        wait_for(s3_env, "SELECT 1 FROM photos WHERE processing_state = 'processing'", proc=worker)
+        time.sleep(8)  # well past botocore's own retries: the outage is the worker's now
+        assert s3_env.query("SELECT 1 FROM photos WHERE processing_state = 'processed'") == []
+        proxy.refuse(False)
+        wait_for(s3_env, "SELECT 1 FROM photos HAVING count(*) FILTER "
+                 "(WHERE processing_state = 'processed') = 2", proc=worker)  # fmt: skip
+        worker.send_signal(signal.SIGTERM)
+        events = [e["event"] for e in log_lines(worker.communicate(timeout=60)[1])]
+    finally:
+        proxy.close()
+    assert "dependency down: pausing intake" in events and "dependency back: resuming" in events
+    assert "attempt failed; will retry" not in events
+    assert {state(s3_env, i) for i in ids} == {("processed", "published", 1)}
+
+
+def test_database_outage_burns_no_attempt(file_env: Env) -> None:
+    """PostgreSQL unreachable, even at start-up: the worker keeps running and catches up."""
+    [photo_id] = file_env.ingest([PHOTOS / "4.webp"])
+    proxy = Proxy("127.0.0.1", 5432)
+    try:
+        proxy.refuse(True)
+        url = f"postgresql://postgres@{proxy.url_host}/{file_env.database_url.rsplit('/', 1)[1]}"
+        worker = file_env.start("run", DARKROOM_DATABASE_URL=url)
+        time.sleep(3)
+        assert worker.poll() is None, "a database outage does not end the worker"
+        proxy.refuse(False)
+        wait_for(file_env, "SELECT 1 FROM photos WHERE processing_state = 'processed'", proc=worker)
+        worker.send_signal(signal.SIGTERM)
+        events = [e["event"] for e in log_lines(worker.communicate(timeout=60)[1])]
+    finally:
+        proxy.close()
+    assert "dependency down: pausing intake" in events
+    assert "attempt failed; will retry" not in events
+    assert state(file_env, photo_id) == ("processed", "published", 1)

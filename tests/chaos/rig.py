@@ -44,7 +44,10 @@ def wait_until(probe: Callable[[], object], what: str, timeout: float = 30.0) ->
 
 class Proxy:
     """TCP forwarder on its own event-loop thread: pause() holds every byte (a hang; the
-    connections stay open), resume() lets them flow again, cut() drops every connection."""
+    connections stay open), resume() lets them flow again, cut() drops every connection,
+    refuse(True) drops every new one (the service is down) until refuse(False)."""
+
+    refusing = False
 
     def __init__(self, host: str, port: int) -> None:
         self.upstream = (host, port)
@@ -63,6 +66,9 @@ class Proxy:
         return int(self.server.sockets[0].getsockname()[1])
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refusing:
+            writer.transport.abort()
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
@@ -103,6 +109,15 @@ class Proxy:
             return len(self.writers) // 2
 
         return int(self._call(go()))
+
+    def refuse(self, down: bool) -> None:
+        self.refusing = down
+        if down:
+            self.cut()
+
+    @property
+    def url_host(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
     def close(self) -> None:
         async def go() -> None:
