@@ -8,7 +8,10 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.conftest import PHOTOS, Env
+import redis.asyncio
+
+from darkroom.streams import Streams
+from tests.conftest import PHOTOS, REDIS_URL, Env
 
 
 def dead_letters(env: Env) -> list[dict[str, str]]:
@@ -156,3 +159,19 @@ def test_photo_that_kills_the_worker_every_time_is_dead_lettered(file_env: Env) 
     file_env.cli("run", "--drain", **settings)
     letter = assert_failed(file_env, photo_id, "attempts_exhausted", attempts=3)
     assert "none recorded (the worker died)" in letter["error"]
+
+
+async def test_dead_letter_stream_is_bounded(file_env: Env) -> None:
+    """The dead-letter stream is trimmed to about DARKROOM_DEAD_LETTER_MAXLEN entries."""
+    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    streams = Streams(client, file_env.stream, "darkroom", "t", file_env.dead, dead_maxlen=10)
+    try:
+        await streams.ensure_group()
+        for n in range(400):
+            await streams.dead_letter(f"{n + 1}-0", {"photo_id": "", "n": str(n)})
+        length = await client.xlen(file_env.dead)
+        last = await client.xrevrange(file_env.dead, count=1)
+    finally:
+        await client.aclose()
+    assert 10 <= length <= 110, "MAXLEN ~ trims by whole macro nodes (100 entries)"
+    assert last[0][1]["n"] == "399", "the newest letters are kept"
