@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import signal
 import time
+import urllib.request
 import uuid
 
 import pytest
 
-from tests.conftest import PG_BASE, PHOTOS, Env, _admin
+from tests.conftest import PG_BASE, PHOTOS, Env, _admin, free_port
 
 
 @pytest.mark.parametrize(
@@ -101,3 +102,28 @@ def test_sigterm_mid_batch_finishes_in_flight_and_loses_nothing(file_env: Env) -
     done = file_env.query("SELECT id FROM photos WHERE processing_state = 'processed'")
     assert len(done) == len(ids)
     assert file_env.redis.xlen(file_env.stream) == 0
+
+
+def test_metrics_and_health_endpoints(file_env: Env) -> None:
+    """/livez, /readyz and Prometheus /metrics answer on DARKROOM_METRICS_PORT."""
+    port = free_port()
+    file_env.ingest([PHOTOS / "4.webp"])
+    worker = file_env.start("run", DARKROOM_METRICS_PORT=str(port))
+    deadline = time.monotonic() + 60
+    while not file_env.query("SELECT 1 FROM photos WHERE processing_state = 'processed'"):
+        assert time.monotonic() < deadline and worker.poll() is None
+        time.sleep(0.05)
+
+    def get(path: str) -> tuple[int, str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+
+    assert get("/livez") == (200, "ok\n")
+    assert get("/readyz")[0] == 200
+    status, body = get("/metrics")
+    assert status == 200
+    assert 'darkroom_entries_total{outcome="published"} 1.0' in body
+    assert "darkroom_stage_seconds_bucket" in body and "darkroom_render_peak_rss_mb" in body
+    worker.send_signal(signal.SIGTERM)
+    worker.communicate(timeout=60)
+    assert worker.returncode == 0

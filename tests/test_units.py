@@ -112,6 +112,8 @@ LAYERS = {
     "settings": {"errors"},
     "errors": set(),
     "renderer": {"errors", "pipeline", "settings"},
+    "health": {"errors", "metrics"},
+    "sweeper": {"db", "messages", "streams"},
 }
 IO_LIBRARIES = {"redis", "asyncpg", "aioboto3", "anyio", "botocore"}
 

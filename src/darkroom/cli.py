@@ -1,4 +1,4 @@
-"""The `darkroom` command: migrate, ingest, enqueue, run, status.
+"""The `darkroom` command: migrate, ingest, enqueue, run (operator commands: ops.py).
 
 The only place that reads argv and the environment and configures logging. Exit codes:
 0 success, 1 a dependency failed, 2 bad settings or usage, 130 stopped by a second signal.
@@ -7,25 +7,22 @@ The only place that reads argv and the environment and configures logging. Exit 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 import structlog
 
-from darkroom import __version__, db, metrics
+from darkroom import __version__, db, metrics, ops
 from darkroom.errors import DarkroomError, SettingsError
 from darkroom.messages import task_fields
+from darkroom.services import open_streams, services, storage_for
 from darkroom.settings import Settings, from_env
-from darkroom.storage import Storage, open_storage
-from darkroom.streams import Streams, connect
 from darkroom.worker import Worker
 
 log = structlog.get_logger("darkroom.cli")
@@ -98,39 +95,6 @@ def _configure_logging(settings: Settings) -> None:
     )
 
 
-def _streams(settings: Settings) -> Streams:
-    return Streams(
-        connect(settings.redis_url),
-        settings.stream,
-        settings.group,
-        settings.consumer,
-        settings.dead_letter_stream,
-        settings.dead_letter_maxlen,
-    )
-
-
-@contextlib.asynccontextmanager
-async def _services(settings: Settings, pool_size: int) -> AsyncIterator[tuple[db.Pool, Streams]]:
-    streams = _streams(settings)
-    try:
-        pool = await db.connect(settings.database_url, pool_size)
-        try:
-            yield pool, streams
-        finally:
-            await pool.close()
-    finally:
-        await streams.client.aclose()
-
-
-@contextlib.asynccontextmanager
-async def _storage(settings: Settings) -> AsyncIterator[Storage]:
-    storage = await open_storage(settings.storage_url, settings.s3_endpoint_url)
-    try:
-        yield storage
-    finally:
-        await storage.aclose()
-
-
 async def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     created = await db.migrate(settings.database_url)
     print("database created and schema applied" if created else "schema applied")
@@ -142,7 +106,7 @@ async def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
     if missing:
         print(f"darkroom: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
-    async with _services(settings, 2) as (pool, streams), _storage(settings) as storage:
+    async with services(settings, 2) as (pool, streams), storage_for(settings) as storage:
         await streams.ensure_group()
         for path in args.files:
             photo_id = uuid.uuid4()
@@ -160,7 +124,7 @@ def _safe_name(name: str) -> str:
 
 
 async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
-    streams = _streams(settings)
+    streams = open_streams(settings)
     try:
         await streams.ensure_group()
         for photo_id in args.photo_ids:
@@ -170,24 +134,10 @@ async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-async def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
-    """A failed photo is terminal until an operator retries it: reset, then XADD."""
-    status = 0
-    async with _services(settings, 1) as (pool, streams):
-        await streams.ensure_group()
-        for photo_id in args.photo_ids:
-            if await db.reset_failed(pool, photo_id):
-                print(photo_id, await streams.enqueue(task_fields(photo_id)), flush=True)
-            else:
-                print(f"{photo_id} is not processing_failed; left alone", file=sys.stderr)
-                status = 1
-    return status
-
-
 async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     async with (
-        _services(settings, settings.concurrency + 2) as (pool, streams),
-        _storage(settings) as storage,
+        services(settings, settings.concurrency + 2) as (pool, streams),
+        storage_for(settings) as storage,
     ):
         worker = Worker(settings, pool, streams, storage)
         server = (
@@ -233,82 +183,13 @@ async def _run_until_signalled(worker: Worker, drain: bool) -> int:
     return 130 if forced else 0
 
 
-async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
-    async with _services(settings, 1) as (pool, streams):
-        report = {**await streams.status(), "photos": await db.count_by_state(pool)}
-        report["failures"] = await db.count_failures(pool)
-    if args.json:
-        print(msgspec.json.encode(report).decode())
-    else:
-        print(_format_status(report))
-    return 0
-
-
-def _format_status(report: dict[str, Any]) -> str:
-    lines = [
-        f"stream        {report['stream']}  length={report['length']}",
-        f"group         {report['group']}  lag={report['lag']}  pending={report['pending']}",
-        f"dead letters  {report['dead_letter_stream']}  length={report['dead_letters']}",
-        "consumers",
-        *(f"  {c['name']:<40} pending={c['pending']:<6} idle_ms={c['idle_ms']}"
-          for c in report["consumers"]),
-        "photos by state",
-        *(f"  {state:<20} {n}" for state, n in report["photos"].items()),
-        "failures by error code",
-        *(f"  {code:<20} {n}" for code, n in report["failures"].items()),
-    ]  # fmt: skip
-    return "\n".join(lines)
-
-
-async def cmd_photos(settings: Settings, args: argparse.Namespace) -> int:
-    async with _services(settings, 1) as (pool, _):
-        rows = await db.list_photos(pool, args.state, args.limit)
-    if args.json:
-        print(msgspec.json.encode(rows).decode())
-        return 0
-    header = f"{'photo_id':<36}  {'state':<17}  {'format':<6}  {'size':>11}  {'bytes':>9}  "
-    print(header + "renditions  attempt  error_code")
-    for r in rows:
-        size = f"{r['width']}x{r['height']}" if r["width"] else "-"
-        print(f"{r['id']!s:<36}  {r['processing_state']:<17}  {r['format'] or '-':<6}  "
-              f"{size:>11}  {r['bytes'] or 0:>9}  {r['renditions']:>10}  {r['attempt']:>7}  "
-              f"{r['error_code'] or ''}")  # fmt: skip
-    return 0
-
-
-async def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
-    """List dead letters, or replay them: the photo is reset to `uploaded` in Postgres, then
-    the letter is moved back onto the work stream in one MULTI (so never twice)."""
-    async with _services(settings, 1) as (pool, streams):
-        letters = [
-            e for e in await streams.dead_letters(args.limit)
-            if not args.code or e.fields.get("error_code") in args.code
-        ]  # fmt: skip
-        for letter in letters:
-            f = letter.fields
-            line = f"{letter.id}  {f.get('photo_id') or '-':<36}  {f.get('error_code', '?'):<20}"
-            if args.action == "list":
-                print(f"{line}  attempts={f.get('attempts')}  {f.get('error', '')[:80]}")
-            elif not f.get("photo_id"):
-                print(f"{line}  not replayable (no photo_id)")
-            elif args.dry_run:
-                print(f"{line}  would replay")
-            else:
-                photo_id = uuid.UUID(f["photo_id"])
-                await db.reset_failed(pool, photo_id)
-                new_id = await streams.replay(letter.id, task_fields(photo_id))
-                print(f"{line}  replayed as {new_id}")
-    print(f"{len(letters)} dead letter(s)", file=sys.stderr)
-    return 0
-
-
 COMMANDS = {
-    "retry": cmd_retry,
-    "dlq": cmd_dlq,
-    "photos": cmd_photos,
     "migrate": cmd_migrate,
     "ingest": cmd_ingest,
     "enqueue": cmd_enqueue,
     "run": cmd_run,
-    "status": cmd_status,
+    "status": ops.cmd_status,
+    "photos": ops.cmd_photos,
+    "dlq": ops.cmd_dlq,
+    "retry": ops.cmd_retry,
 }

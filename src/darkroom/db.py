@@ -44,9 +44,7 @@ def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
 async def connect(url: str, size: int) -> Pool:
     # min_size=0: the pool connects on first use, so a worker started during a database
     # outage runs, waits and resumes instead of exiting.
-    pool = await asyncpg.create_pool(
-        url, min_size=0, max_size=size, command_timeout=30, timeout=10
-    )
+    pool = await asyncpg.create_pool(url, min_size=0, max_size=size, command_timeout=30, timeout=10)
     return pool
 
 
