@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -51,12 +51,16 @@ class Jobs:
     gate: Gate
     limiter: anyio.CapacityLimiter
     stopping: anyio.Event
+    # Entries being worked on, whose idle time the heartbeat keeps resetting. An entry
+    # leaves before its backoff is set, so a late heartbeat cannot cancel the delay.
+    active: set[str] = field(default_factory=set)
 
     async def handle(self, entry: Entry, deliveries: int) -> None:
         started = time.monotonic()
         bound = log.bind(
             entry_id=entry.id, photo_id=entry.fields.get("photo_id"), attempt=deliveries
         )
+        self.active.add(entry.id)
         try:
             outcome = await self._resilient(entry, deliveries)
             metrics.OUTCOMES.labels(outcome).inc()
@@ -69,14 +73,17 @@ class Jobs:
             bound.exception("unexpected error")
             error = InternalError(f"{type(exc).__name__}: {exc}")
             await self._fail(entry, deliveries, error, bound)
+        finally:
+            self.active.discard(entry.id)
 
     async def _resilient(self, entry: Entry, deliveries: int) -> str:
         """Process and ack; dependency errors are retried in place, outages waited out."""
         retries = 0
         claims: dict[str, db.Claim] = {}  # one claim per delivery, however often retried
+        outcome = None  # once committed, only the ack is retried
         while True:
             try:
-                outcome = await self._process(entry, deliveries, claims)
+                outcome = outcome or await self._process(entry, deliveries, claims)
                 await self.streams.ack(entry.id)
                 return outcome
             except DarkroomError as exc:
@@ -155,6 +162,7 @@ class Jobs:
             cap_ms=self.settings.claim_idle_ms,
         )
         final = isinstance(decision, policy.DeadLetter)
+        self.active.discard(entry.id)
         metrics.FAILURES.labels(exc.code, str(final).lower()).inc()
         bound = bound.bind(error_code=exc.code, error=str(exc))
         try:

@@ -171,7 +171,7 @@ class Worker:
         while True:
             await anyio.sleep(period_s)
             try:
-                await self.streams.heartbeat(sorted(self.in_flight))
+                await self.streams.heartbeat(sorted(self.jobs.active))
             except DarkroomError as exc:
                 log.warning("heartbeat failed", error=str(exc))
 
