@@ -226,3 +226,32 @@ def test_database_outage_burns_no_attempt(file_env: Env) -> None:
     assert "dependency down: pausing intake" in events
     assert "attempt failed; will retry" not in events
     assert state(file_env, photo_id) == ("processed", "published", 1)
+
+
+def test_redis_outage_pauses_and_resumes_without_burning_attempts(file_env: Env) -> None:
+    """Redis unreachable mid-batch: the worker keeps running, reconnects, finishes every photo
+    on its first delivery and acks them all."""
+    ids = file_env.ingest(sorted(PHOTOS.glob("Landscape_*.jpg"))[:6])
+    proxy = Proxy("127.0.0.1", 6379)
+    try:
+        worker = file_env.start("run", DARKROOM_REDIS_URL=f"redis://{proxy.url_host}/0")
+        wait_for(file_env, "SELECT 1 FROM photos WHERE processing_state = 'processed'", proc=worker)
+        proxy.refuse(True)
+        time.sleep(3)
+        assert worker.poll() is None, "a Redis outage does not end the worker"
+        proxy.refuse(False)
+        wait_for(file_env, "SELECT 1 FROM photos HAVING bool_and(processing_state = 'processed')",
+                 proc=worker)  # fmt: skip
+        deadline = time.monotonic() + 30
+        while file_env.redis.xlen(file_env.stream):
+            assert time.monotonic() < deadline, "every entry is acked once Redis is back"
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        events = [e["event"] for e in log_lines(worker.communicate(timeout=60)[1])]
+    finally:
+        proxy.close()
+    assert worker.returncode == 0
+    assert "dependency down: pausing intake" in events and "dependency back: resuming" in events
+    assert "attempt failed; will retry" not in events
+    assert {state(file_env, i) for i in ids} == {("processed", "published", 1)}
+    assert file_env.redis.xpending(file_env.stream, "darkroom")["pending"] == 0
