@@ -255,3 +255,21 @@ def test_redis_outage_pauses_and_resumes_without_burning_attempts(file_env: Env)
     assert "attempt failed; will retry" not in events
     assert {state(file_env, i) for i in ids} == {("processed", "published", 1)}
     assert file_env.redis.xpending(file_env.stream, "darkroom")["pending"] == 0
+
+
+def test_sigterm_during_a_redis_outage_still_exits_promptly(file_env: Env) -> None:
+    """A stop request is honoured while the worker waits for Redis to come back."""
+    proxy = Proxy("127.0.0.1", 6379)
+    try:
+        worker = file_env.start(
+            "run", DARKROOM_REDIS_URL=f"redis://{proxy.url_host}/0", DARKROOM_SHUTDOWN_GRACE_S="2"
+        )
+        time.sleep(1.5)
+        proxy.refuse(True)
+        time.sleep(2)
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=15)
+    finally:
+        proxy.close()
+    assert worker.returncode == 0, stderr
+    assert "dependency down: pausing intake" in stderr

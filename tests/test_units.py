@@ -59,7 +59,7 @@ def test_renditions_setting_parses_and_rejects() -> None:
 
 def test_settings_error_names_the_variable() -> None:
     """A bad value's error message starts with the variable's name."""
-    with pytest.raises(SettingsError, match=r"^DARKROOM_MAX_ATTEMPTS: must be greater than 0"):
+    with pytest.raises(SettingsError, match=r"^DARKROOM_MAX_ATTEMPTS: must be a finite number greater than 0"):
         from_env({"DARKROOM_MAX_ATTEMPTS": "0"})
 
 
@@ -154,3 +154,21 @@ def test_readme_documents_every_setting_and_error_code() -> None:
     readme = (SRC.parents[1] / "README.md").read_text()
     assert [env_name(f) for f in PARSERS if f"`{env_name(f)}`" not in readme] == []
     assert [code for code in ERROR_CODES if f"| `{code}` |" not in readme] == []
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"DARKROOM_SWEEP_AFTER_S": "inf"}, "DARKROOM_SWEEP_AFTER_S"),
+        ({"DARKROOM_JOB_TIMEOUT_S": "nan"}, "DARKROOM_JOB_TIMEOUT_S"),
+        ({"DARKROOM_DEAD_LETTER_STREAM": "{darkroom}:photos"}, "DARKROOM_DEAD_LETTER_STREAM"),
+        ({"DARKROOM_DEAD_LETTER_STREAM": "{other}:dead"}, "DARKROOM_DEAD_LETTER_STREAM"),
+    ],
+)
+def test_settings_refuse_non_finite_numbers_and_split_streams(
+    env: dict[str, str], variable: str
+) -> None:
+    """inf/nan durations and a dead-letter stream outside the work stream's slot are refused."""
+    with pytest.raises(SettingsError) as caught:
+        from_env(env)
+    assert caught.value.variable == variable

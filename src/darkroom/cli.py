@@ -19,9 +19,9 @@ import anyio
 import structlog
 
 from darkroom import __version__, db, metrics, ops
-from darkroom.errors import DarkroomError, SettingsError
+from darkroom.errors import DarkroomError, SettingsError, first_error
 from darkroom.messages import task_fields
-from darkroom.services import open_streams, services, storage_for
+from darkroom.services import services, storage_for
 from darkroom.settings import Settings, from_env
 from darkroom.worker import Worker
 
@@ -37,7 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _configure_logging(settings)
     try:
-        return int(anyio.run(COMMANDS[args.command], settings, args))
+        try:
+            return int(anyio.run(COMMANDS[args.command], settings, args))
+        except BaseExceptionGroup as group:
+            raise first_error(group) from group
     except DarkroomError as exc:
         print(f"darkroom: {exc.code}: {exc}", file=sys.stderr)
         return 1
@@ -124,13 +127,12 @@ def _safe_name(name: str) -> str:
 
 
 async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
-    streams = open_streams(settings)
-    try:
+    async with services(settings, 1) as (pool, streams):
         await streams.ensure_group()
         for photo_id in args.photo_ids:
-            print(await streams.enqueue(task_fields(photo_id)), flush=True)
-    finally:
-        await streams.client.aclose()
+            entry_id = await streams.enqueue(task_fields(photo_id))
+            await db.record_requeued(pool, photo_id, entry_id)
+            print(entry_id, flush=True)
     return 0
 
 

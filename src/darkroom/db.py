@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from darkroom.errors import DatabaseUnavailableError
+from darkroom.errors import DatabaseUnavailableError, InternalError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -27,15 +27,30 @@ Pool = asyncpg.Pool
 Connection = PoolConnectionProxy
 
 
+# The server or the connection failed (or a transaction lost a race): worth retrying.
+UNAVAILABLE = (
+    asyncpg.PostgresConnectionError,  # includes ConnectionDoesNotExistError
+    asyncpg.InterfaceError,
+    asyncpg.OperatorInterventionError,  # admin shutdown, pg_terminate_backend, cancel
+    asyncpg.InsufficientResourcesError,  # too many connections, disk full
+    asyncpg.TransactionRollbackError,  # deadlock, serialization failure
+    OSError,
+    TimeoutError,
+)
+
+
 def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Turn driver and network failures into DatabaseUnavailableError."""
+    """Connection and server failures become DatabaseUnavailableError; any other database
+    error (a bug in darkroom's SQL, say) is an InternalError, not an outage."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await fn(*args, **kwargs)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        except UNAVAILABLE as exc:
             raise DatabaseUnavailableError(f"{type(exc).__name__}: {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            raise InternalError(f"database: {type(exc).__name__}: {exc}") from exc
 
     return wrapper
 
@@ -94,6 +109,11 @@ class Claim:
     outcome: Outcome
     original_key: str = ""
     attempt: int = 0
+    state: str = ""
+    # For a photo that already failed: where and how (to finish an unwritten dead letter).
+    last_entry: str | None = None
+    error_code: str | None = None
+    last_error: str | None = None
 
 
 # One statement: lock the photo. A terminal photo (processed, or failed and not reset by
@@ -101,7 +121,8 @@ class Claim:
 # the photo `processing`. Terminal states never move on a duplicate delivery.
 CLAIM_SQL = """
 WITH p AS (
-    SELECT id, original_key, processing_state IN ('processed', 'processing_failed') AS finished
+    SELECT id, original_key, processing_state,
+           processing_state IN ('processed', 'processing_failed') AS finished
     FROM photos WHERE id = $1 FOR UPDATE
 ), job AS (
     INSERT INTO photo_jobs AS j (photo_id, type, state, attempt, stream_entry, consumer,
@@ -120,7 +141,10 @@ WITH p AS (
     UPDATE photos SET processing_state = 'processing', error_code = NULL, updated_at = now()
     FROM p WHERE photos.id = p.id AND NOT p.finished
 )
-SELECT p.original_key, p.finished, job.attempt FROM p LEFT JOIN job ON true
+SELECT p.original_key, p.finished, p.processing_state, job.attempt,
+       jj.stream_entry, jj.error_code, jj.last_error
+FROM p LEFT JOIN job ON true
+LEFT JOIN photo_jobs jj ON jj.photo_id = p.id AND jj.type = 'process' AND p.finished
 """
 
 
@@ -130,8 +154,11 @@ async def claim(pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str) -
     if row is None:
         return Claim("skipped")
     if row["finished"]:
-        return Claim("already", row["original_key"], 0)
-    return Claim("claimed", row["original_key"], row["attempt"])
+        return Claim(
+            "already", row["original_key"], 0, row["processing_state"],
+            row["stream_entry"], row["error_code"], row["last_error"],
+        )  # fmt: skip
+    return Claim("claimed", row["original_key"], row["attempt"], "processing")
 
 
 PUBLISH_SQL = """
@@ -139,12 +166,12 @@ WITH photo AS (
     UPDATE photos SET processing_state = 'processed', visibility = 'published',
         width = $2, height = $3, format = $4, bytes = $5, renditions = $6::jsonb,
         error_code = NULL, processed_at = now(), updated_at = now()
-    WHERE id = $1 AND processing_state <> 'processed'
+    WHERE id = $1 AND processing_state = 'processing'
     RETURNING id
 ), job AS (
     UPDATE photo_jobs SET state = 'done', error_code = NULL, last_error = NULL,
         next_retry_at = NULL, finished_at = now(), updated_at = now()
-    WHERE photo_id = $1 AND type = 'process'
+    WHERE photo_id IN (SELECT id FROM photo) AND type = 'process'
 )
 SELECT count(*) FROM photo
 """
@@ -154,7 +181,8 @@ SELECT count(*) FROM photo
 async def publish(
     pool: Pool, photo_id: uuid.UUID, facts: dict[str, Any], renditions_json: str
 ) -> bool:
-    """Publish in one transaction; False if another delivery had already published it."""
+    """Publish in one transaction, only from `processing`: False if another delivery got
+    there first (published it, or recorded its final failure)."""
     published = await pool.fetchval(
         PUBLISH_SQL,
         photo_id,
@@ -259,23 +287,30 @@ async def ping(pool: Pool) -> None:
     await pool.fetchval("SELECT 1")
 
 
-# Photos not terminal whose last sign of progress (photo or job row) is older than $1 s.
+# Photos not terminal whose last sign of progress (photo or job row) is older than $1 s,
+# oldest first, one keyset page after ($3, $4).
 STALE_SQL = """
-SELECT p.id, j.stream_entry,
-       (extract(epoch FROM greatest(p.updated_at, coalesce(j.updated_at, p.updated_at)))
-        * 1000)::bigint AS last_activity_ms
-FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
-WHERE p.processing_state IN ('uploaded', 'processing')
-  AND greatest(p.updated_at, coalesce(j.updated_at, p.updated_at))
-      < now() - make_interval(secs => $1)
-ORDER BY 3
+SELECT * FROM (
+    SELECT p.id, j.stream_entry,
+           (extract(epoch FROM greatest(p.updated_at, coalesce(j.updated_at, p.updated_at)))
+            * 1000)::bigint AS last_activity_ms
+    FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
+    WHERE p.processing_state IN ('uploaded', 'processing')
+) stale
+WHERE last_activity_ms < (extract(epoch FROM now() - make_interval(secs => $1)) * 1000)::bigint
+  AND (last_activity_ms, id) > ($3, $4)
+ORDER BY last_activity_ms, id
 LIMIT $2
 """
 
+FIRST_PAGE = (-1, uuid.UUID(int=0))
+
 
 @translated
-async def stale_photos(conn: Connection, after_s: float, limit: int) -> list[dict[str, Any]]:
-    return [dict(r) for r in await conn.fetch(STALE_SQL, after_s, limit)]
+async def stale_photos(
+    conn: Connection, after_s: float, limit: int, after: tuple[int, uuid.UUID] = FIRST_PAGE
+) -> list[dict[str, Any]]:
+    return [dict(r) for r in await conn.fetch(STALE_SQL, after_s, limit, *after)]
 
 
 @translated
@@ -294,8 +329,12 @@ async def photos_of_entries(pool: Pool, entry_ids: list[str]) -> list[uuid.UUID]
 
 REQUEUED_SQL = """
 INSERT INTO photo_jobs AS j (photo_id, type, state, stream_entry)
-VALUES ($1, 'process', 'pending', $2)
-ON CONFLICT (photo_id, type) DO UPDATE SET stream_entry = EXCLUDED.stream_entry,
+SELECT $1, 'process', 'pending', $2 WHERE EXISTS (SELECT 1 FROM photos WHERE id = $1)
+ON CONFLICT (photo_id, type) DO UPDATE SET
+    -- a finished job keeps the entry it finished through (a failure's dead letter is
+    -- finished from that entry alone); retry/replay reset the job to pending first
+    stream_entry = CASE WHEN j.state IN ('done', 'failed') THEN j.stream_entry
+                        ELSE EXCLUDED.stream_entry END,
     state = CASE WHEN j.state IN ('done', 'failed') THEN j.state ELSE 'pending' END,
     updated_at = now()
 """
@@ -303,6 +342,7 @@ ON CONFLICT (photo_id, type) DO UPDATE SET stream_entry = EXCLUDED.stream_entry,
 
 @translated
 async def record_requeued(conn: Pool | Connection, photo_id: uuid.UUID, entry_id: str) -> None:
+    """Remember the entry a photo was last enqueued through (the sweeper checks it)."""
     await conn.execute(REQUEUED_SQL, photo_id, entry_id)
 
 
@@ -319,7 +359,7 @@ async def advisory_lock(pool: Pool, name: str) -> AsyncIterator[Connection | Non
                 yield conn
             finally:
                 await conn.execute("SELECT pg_advisory_unlock(hashtext($1))", name)
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+    except UNAVAILABLE as exc:
         raise DatabaseUnavailableError(f"{type(exc).__name__}: {exc}") from exc
 
 

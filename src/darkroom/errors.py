@@ -7,7 +7,7 @@ Adapters translate driver exceptions into these (`raise ... from exc`).
 
 from __future__ import annotations
 
-from typing import ClassVar, Final, NamedTuple
+from typing import Any, ClassVar, Final, NamedTuple
 
 
 class CodeInfo(NamedTuple):
@@ -131,6 +131,15 @@ def _table() -> dict[str, CodeInfo]:
 
 
 ERROR_CODES: Final[dict[str, CodeInfo]] = _table()
+
+
+def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The first DarkroomError among a task group's failures, else the group itself."""
+    for exc in group.exceptions:
+        found = first_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+        if isinstance(found, DarkroomError):
+            return found
+    return group
 
 
 class SettingsError(Exception):

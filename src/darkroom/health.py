@@ -24,8 +24,10 @@ DEPENDENCIES = ("storage", "database", "queue")
 
 
 class Gate:
-    def __init__(self, probes: dict[str, Probe], max_backoff_s: float = 10.0) -> None:
-        self.probes = probes
+    def __init__(
+        self, probes: dict[str, Probe], stopping: anyio.Event, max_backoff_s: float = 10.0
+    ) -> None:
+        self.probes, self.stopping = probes, stopping
         self.down: set[str] = set()
         self.max_backoff_s = max_backoff_s
         self._recovered = anyio.Event()
@@ -42,10 +44,12 @@ class Gate:
             return False
 
     async def wait(self, dependency: str) -> None:
-        """Return once `dependency` answers again; one task probes, the others wait."""
+        """Return once `dependency` answers again, or the worker is stopping; one task
+        probes, the others wait."""
         if dependency in self.down:
-            while dependency in self.down:
-                await self._recovered.wait()
+            while dependency in self.down and not self.stopping.is_set():
+                with anyio.move_on_after(1):
+                    await self._recovered.wait()
             return
         self.down.add(dependency)
         metrics.OUTAGES.labels(dependency).inc()
@@ -53,7 +57,10 @@ class Gate:
         delay_s, started = 0.25, anyio.current_time()
         try:
             while not await self.healthy(dependency):
-                await anyio.sleep(delay_s)
+                with anyio.move_on_after(delay_s):
+                    await self.stopping.wait()
+                if self.stopping.is_set():
+                    return
                 delay_s = min(delay_s * 2, self.max_backoff_s)
         finally:
             self.down.discard(dependency)

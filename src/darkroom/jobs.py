@@ -18,7 +18,13 @@ import msgspec
 import structlog
 
 from darkroom import db, metrics, policy
-from darkroom.errors import AttemptsExhaustedError, DarkroomError, InternalError
+from darkroom.errors import (
+    ERROR_CODES,
+    AttemptsExhaustedError,
+    DarkroomError,
+    InternalError,
+    first_error,
+)
 from darkroom.health import DEPENDENCIES, Gate
 from darkroom.messages import DeadLetter, Entry, parse_task
 from darkroom.pipeline import RenderResult
@@ -107,6 +113,8 @@ class Jobs:
             self.pool, task.photo_id, entry.id, self.streams.consumer
         )
         claims[entry.id] = claim
+        if claim.outcome == "already" and claim.state == "processing_failed":
+            return await self._finish_failure(entry, deliveries, claim)
         if claim.outcome != "claimed":
             return claim.outcome
         with _timed("download"):
@@ -141,16 +149,30 @@ class Jobs:
             f"{code or 'none recorded (the worker died)'} {message or ''}".strip()
         )
 
+    async def _finish_failure(self, entry: Entry, deliveries: int, claim: db.Claim) -> str:
+        """The failure of this very entry was committed but its dead letter never written
+        (Redis failed, or the worker died in between): write it now. A duplicate entry of
+        a failed photo is just acked."""
+        if claim.last_entry != entry.id:
+            return "already"
+        code = claim.error_code or "internal_error"
+        stage = ERROR_CODES[code].stage if code in ERROR_CODES else "process"
+        await self._write_dead_letter(entry, deliveries, code, claim.last_error or "", stage)
+        return "failed"
+
     async def _upload(self, photo_id: uuid.UUID, result: RenderResult) -> str:
         described: list[dict[str, Any]] = []
-        async with anyio.create_task_group() as uploads:
-            for r in result.renditions:
-                key = rendition_key(photo_id, r.name, r.ext)
-                uploads.start_soon(self.storage.put, key, r.data, CONTENT_TYPES[r.format])
-                described.append(
-                    {"name": r.name, "format": r.format, "key": key, "width": r.width,
-                     "height": r.height, "bytes": len(r.data)}
-                )  # fmt: skip
+        try:
+            async with anyio.create_task_group() as uploads:
+                for r in result.renditions:
+                    key = rendition_key(photo_id, r.name, r.ext)
+                    uploads.start_soon(self.storage.put, key, r.data, CONTENT_TYPES[r.format])
+                    described.append(
+                        {"name": r.name, "format": r.format, "key": key, "width": r.width,
+                         "height": r.height, "bytes": len(r.data)}
+                    )  # fmt: skip
+        except ExceptionGroup as group:
+            raise first_error(group) from group
         return msgspec.json.encode(described).decode()
 
     async def _fail(self, entry: Entry, deliveries: int, exc: DarkroomError, bound: Any) -> None:
@@ -165,6 +187,18 @@ class Jobs:
         self.active.discard(entry.id)
         metrics.FAILURES.labels(exc.code, str(final).lower()).inc()
         bound = bound.bind(error_code=exc.code, error=str(exc))
+        # Shielded: the SQL record and its Redis half must not be split by a shutdown.
+        with anyio.CancelScope(shield=True):
+            await self._record(entry, deliveries, exc, decision, bound)
+
+    async def _record(
+        self,
+        entry: Entry,
+        deliveries: int,
+        exc: DarkroomError,
+        decision: policy.Retry | policy.DeadLetter,
+        bound: Any,
+    ) -> None:
         try:
             if isinstance(decision, policy.Retry):
                 await self._retry_later(entry, exc, decision.delay_ms)
@@ -188,13 +222,19 @@ class Jobs:
         photo_id = _photo_id(entry)
         if photo_id is not None:
             await db.record_failure(self.pool, photo_id, exc.code, str(exc))
+        await self._write_dead_letter(entry, deliveries, exc.code, str(exc), exc.stage)
+
+    async def _write_dead_letter(
+        self, entry: Entry, deliveries: int, code: str, message: str, stage: str
+    ) -> None:
+        photo_id = _photo_id(entry)
         letter = DeadLetter(
             photo_id=str(photo_id or ""),
             source_id=entry.id,
-            error_code=exc.code,
-            error=str(exc)[:1000],
+            error_code=code,
+            error=message[:1000],
             attempts=deliveries,
-            stage=exc.stage,
+            stage=stage,
             consumer=self.streams.consumer,
         )
         await self.streams.dead_letter(entry.id, letter.fields(entry.fields))

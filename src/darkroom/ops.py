@@ -79,6 +79,7 @@ async def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
                 photo_id = uuid.UUID(f["photo_id"])
                 await db.reset_failed(pool, photo_id)
                 new_id = await streams.replay(letter.id, task_fields(photo_id))
+                await db.record_requeued(pool, photo_id, new_id)
                 print(f"{line}  replayed as {new_id}")
     print(f"{len(letters)} dead letter(s)", file=sys.stderr)
     return 0
@@ -91,7 +92,9 @@ async def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
         await streams.ensure_group()
         for photo_id in args.photo_ids:
             if await db.reset_failed(pool, photo_id):
-                print(photo_id, await streams.enqueue(task_fields(photo_id)), flush=True)
+                entry_id = await streams.enqueue(task_fields(photo_id))
+                await db.record_requeued(pool, photo_id, entry_id)
+                print(photo_id, entry_id, flush=True)
             else:
                 print(f"{photo_id} is not processing_failed; left alone", file=sys.stderr)
                 status = 1

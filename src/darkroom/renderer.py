@@ -131,22 +131,25 @@ async def render_isolated(
     async with limiter:
         ctx = _forkserver()
         receiver, sender = ctx.Pipe(duplex=False)
+        # Its own thread token: a render waiting on its child must not take one of anyio's
+        # shared worker threads (40 by default) from file I/O or other renders.
+        threads = anyio.CapacityLimiter(1)
         process = ctx.Process(
             target=_child_main, args=(sender, data, tuple(specs), max_pixels, memory_mb)
         )
         try:
-            await anyio.to_thread.run_sync(_start, process)
+            await anyio.to_thread.run_sync(_start, process, limiter=threads)
             sender.close()
             with anyio.fail_after(timeout_s):
                 kind, value = await anyio.to_thread.run_sync(
-                    _receive, receiver, process, abandon_on_cancel=True
+                    _receive, receiver, process, abandon_on_cancel=True, limiter=threads
                 )
         except TimeoutError:
             raise RenderTimeoutError(f"render took longer than {timeout_s:g} s") from None
         finally:
             if process.is_alive():
                 process.kill()
-            await anyio.to_thread.run_sync(process.join)
+            await anyio.to_thread.run_sync(process.join, limiter=threads)
             receiver.close()
     if kind == "ok":
         return value  # type: ignore[no-any-return]

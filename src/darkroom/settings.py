@@ -6,6 +6,7 @@ naming the variable, which the CLI turns into a message and exit code 2.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -96,8 +97,8 @@ T = TypeVar("T")
 def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
     def convert(raw: str) -> T:
         value = kind(raw)
-        if value <= 0:  # type: ignore[operator]
-            raise ValueError("must be greater than 0")
+        if not math.isfinite(value) or value <= 0:  # type: ignore[arg-type,operator]
+            raise ValueError("must be a finite number greater than 0")
         return value
 
     return convert
@@ -194,4 +195,18 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     settings = Settings(**values)
     if settings.read_block_ms > 5000:
         raise SettingsError("DARKROOM_READ_BLOCK_MS", "must be at most 5000")
+    if settings.dead_letter_stream == settings.stream:
+        raise SettingsError("DARKROOM_DEAD_LETTER_STREAM", "must differ from DARKROOM_STREAM")
+    if hash_tag(settings.stream) != hash_tag(settings.dead_letter_stream):
+        raise SettingsError(
+            "DARKROOM_DEAD_LETTER_STREAM",
+            "must share DARKROOM_STREAM's {hash tag} (one MULTI moves entries between them)",
+        )
     return settings
+
+
+def hash_tag(key: str) -> str:
+    """The part of a key Redis Cluster hashes: the first {...}, else the whole key."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1 : end] if start >= 0 and end > start + 1 else key

@@ -33,6 +33,9 @@ class Storage(Protocol):
 
     async def exists(self, key: str) -> bool: ...
 
+    async def probe(self) -> None:
+        """Raise StorageUnavailableError unless the backend answers at all."""
+
     async def aclose(self) -> None: ...
 
 
@@ -79,6 +82,12 @@ class FileStorage:
     async def exists(self, key: str) -> bool:
         return await anyio.Path(self._path(key)).is_file()
 
+    async def probe(self) -> None:
+        try:
+            await anyio.Path(self.root).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageUnavailableError(f"storage folder {self.root}: {exc}") from exc
+
     async def aclose(self) -> None:
         return None
 
@@ -123,6 +132,15 @@ class S3Storage:
             if _status(exc) == 404:
                 return False
             raise StorageUnavailableError(f"checking {key}: {_describe(exc)}") from exc
+
+    async def probe(self) -> None:
+        """Any HTTP answer below 500 (404, or 403 without s3:ListBucket) means S3 is up."""
+        try:
+            await self.client.head_object(Bucket=self.bucket, Key=self._key(".darkroom-probe"))
+        except Exception as exc:
+            status = _status(exc)
+            if status is None or status >= 500:
+                raise StorageUnavailableError(f"probe: {_describe(exc)}") from exc
 
     async def aclose(self) -> None:
         await self._stack.aclose()

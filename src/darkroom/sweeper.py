@@ -32,19 +32,24 @@ def is_lost(photo: dict[str, Any], oldest_entry_ms: int | None, missing: set[str
 
 
 async def sweep(pool: db.Pool, streams: Streams, after_s: float) -> list[uuid.UUID]:
-    """One pass; returns the photos re-enqueued (empty if another worker holds the lock)."""
+    """One full pass, page by page; returns the photos re-enqueued (none if another worker
+    holds the lock). Each re-enqueue commits on its own: a sweeper killed half-way leaves
+    at most one photo enqueued twice."""
+    lost: list[uuid.UUID] = []
     async with db.advisory_lock(pool, SWEEP_LOCK) as conn:
         if conn is None:
-            return []
-        stale = await db.stale_photos(conn, after_s, BATCH)
-        if not stale:
-            return []
-        oldest = await streams.oldest_entry_ms()
-        missing = await streams.missing([p["stream_entry"] for p in stale if p["stream_entry"]])
-        lost = [p["id"] for p in stale if is_lost(p, oldest, missing)]
-        for photo_id in lost:
-            await requeue(conn, streams, photo_id)
-        return lost
+            return lost
+        page = db.FIRST_PAGE
+        while stale := await db.stale_photos(conn, after_s, BATCH, page):
+            oldest = await streams.oldest_entry_ms()
+            entries = [p["stream_entry"] for p in stale if p["stream_entry"]]
+            missing = await streams.missing(entries)
+            for photo in stale:
+                if is_lost(photo, oldest, missing):
+                    await requeue(conn, streams, photo["id"])
+                    lost.append(photo["id"])
+            page = (stale[-1]["last_activity_ms"], stale[-1]["id"])
+    return lost
 
 
 async def requeue(conn: db.Pool | db.Connection, streams: Streams, photo_id: uuid.UUID) -> None:

@@ -8,6 +8,7 @@ never cancel a read in flight; take no new work while a dependency is down.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -16,8 +17,8 @@ import structlog
 from anyio.abc import TaskGroup
 
 from darkroom import db, metrics, sweeper
-from darkroom.errors import DarkroomError, QueueUnavailableError
-from darkroom.health import Gate
+from darkroom.errors import DarkroomError
+from darkroom.health import DEPENDENCIES, Gate
 from darkroom.jobs import Jobs
 from darkroom.messages import Entry
 from darkroom.settings import Settings
@@ -44,16 +45,14 @@ class Worker:
             {
                 "queue": self.streams.ping,
                 "database": lambda: db.ping(self.pool),
-                "storage": self._probe_storage,
-            }
+                "storage": self.storage.probe,
+            },
+            self.stopping,
         )
         limiter = anyio.CapacityLimiter(self.settings.concurrency)
         self.jobs = Jobs(
             self.settings, self.pool, self.streams, self.storage, self.gate, limiter, self.stopping
         )
-
-    async def _probe_storage(self) -> None:
-        await self.storage.exists("darkroom-health-probe")  # any answer, found or not, is health
 
     def stop(self) -> None:
         """First signal: stop reading; in-flight photos finish within the grace period."""
@@ -82,20 +81,31 @@ class Worker:
         return self.settings.concurrency - len(self.in_flight)
 
     async def _intake(self, jobs: TaskGroup, drain: bool) -> None:
-        """Read until stopped (or drained); a Redis outage pauses it, never ends it."""
-        recovered = False
+        """Read until stopped (or drained); an outage pauses it, never ends it."""
+        started = False
         while not self.stopping.is_set():
             try:
-                if not recovered:
+                if not started:
                     await self.streams.ensure_group()
+                    # Only at start: later, what this consumer holds is in flight or backing off.
                     await self._dispatch(jobs, await self.streams.read_own_pending(self._free()))
-                    recovered = True
+                    started = True
                 if await self._intake_step(jobs, drain):
                     return
-            except QueueUnavailableError as exc:
-                log.warning("redis call failed", error=str(exc))
-                await self.gate.wait("queue")
-                recovered = False  # the group may be gone: Redis may have restarted empty
+            except DarkroomError as exc:
+                log.warning("intake call failed", error_code=exc.code, error=str(exc))
+                await self._recover(exc)
+
+    async def _recover(self, exc: DarkroomError) -> None:
+        """Wait out the outage, then re-create the group (Redis may have restarted empty) and
+        refresh in-flight entries at once, before other consumers see them idle."""
+        if exc.stage in DEPENDENCIES:
+            await self.gate.wait(exc.stage)
+        else:
+            await anyio.sleep(1)
+        with contextlib.suppress(DarkroomError):
+            await self.streams.ensure_group()
+            await self.streams.heartbeat(sorted(self.jobs.active))
 
     async def _intake_step(self, jobs: TaskGroup, drain: bool) -> bool:
         """Reclaim and read once into the free slots; True once drained."""
@@ -130,8 +140,14 @@ class Worker:
         metrics.RECLAIMED.inc(len(entries))
         await self._dispatch(jobs, entries)
         if deleted:
+            # XAUTOCLAIM has already dropped these from the PEL: if this fails, the sweep
+            # finds the photos later.
             metrics.DELETED_WHILE_PENDING.inc(len(deleted))
-            photos = await sweeper.requeue_deleted(self.pool, self.streams, deleted)
+            try:
+                photos = await sweeper.requeue_deleted(self.pool, self.streams, deleted)
+            except DarkroomError as exc:
+                log.warning("could not re-enqueue deleted entries", error=str(exc))
+                return
             metrics.REQUEUED.labels("deleted_while_pending").inc(len(photos))
             log.warning("pending entries were deleted; photos re-enqueued",
                         entries=len(deleted), photos=[str(p) for p in photos])  # fmt: skip

@@ -1,0 +1,133 @@
+"""The state machine in Postgres and the sweeper, driven directly against the real servers."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import pytest
+import redis.asyncio
+
+from darkroom import db, sweeper
+from darkroom.streams import Streams
+from tests.conftest import PHOTOS, REDIS_URL, Env
+
+
+@dataclass
+class Store:
+    pool: db.Pool
+    streams: Streams
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    tag = uuid.uuid4().hex[:10]
+    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    streams = Streams(client, f"{{s{tag}}}:photos", "darkroom", "t", f"{{s{tag}}}:dead")
+    pool = await db.connect(database_url, 4)
+    await streams.ensure_group()
+    yield Store(pool, streams)
+    await client.delete(streams.stream, streams.dead_stream)
+    await client.aclose()
+    await pool.close()
+
+
+async def new_photo(pool: db.Pool, age_s: int = 0) -> uuid.UUID:
+    photo_id = uuid.uuid4()
+    await db.insert_photo(pool, photo_id, f"originals/{photo_id}")
+    await pool.execute(
+        "UPDATE photos SET updated_at = now() - make_interval(secs => $2) WHERE id = $1",
+        photo_id,
+        age_s,
+    )
+    return photo_id
+
+
+FACTS = {"width": 10, "height": 10, "format": "jpeg", "bytes": 1}
+
+
+async def test_a_stale_worker_cannot_publish_a_failed_photo(store: Store) -> None:
+    """Claim, claim again, fail: the first worker's late publish changes nothing."""
+    photo_id = await new_photo(store.pool)
+    assert (await db.claim(store.pool, photo_id, "1-0", "w1")).outcome == "claimed"
+    assert (await db.claim(store.pool, photo_id, "1-0", "w2")).attempt == 2
+    assert await db.record_failure(store.pool, photo_id, "timeout", "slow")
+    assert not await db.publish(store.pool, photo_id, FACTS, "[]")
+    row = await store.pool.fetchrow(
+        "SELECT p.processing_state, p.visibility, j.state FROM photos p"
+        " JOIN photo_jobs j ON j.photo_id = p.id WHERE p.id = $1",
+        photo_id,
+    )
+    assert tuple(row) == ("processing_failed", "unpublished", "failed")
+
+
+async def test_publish_happens_once_and_keeps_processed_at(store: Store) -> None:
+    """Two publishes of one claim: the second is refused, processed_at is kept."""
+    photo_id = await new_photo(store.pool)
+    await db.claim(store.pool, photo_id, "1-0", "w1")
+    assert await db.publish(store.pool, photo_id, FACTS, "[]")
+    first = await store.pool.fetchval("SELECT processed_at FROM photos WHERE id = $1", photo_id)
+    assert not await db.publish(store.pool, photo_id, FACTS, "[]")
+    claim = await db.claim(store.pool, photo_id, "2-0", "w2")
+    assert (claim.outcome, claim.state) == ("already", "processed")
+    again = await store.pool.fetchval("SELECT processed_at FROM photos WHERE id = $1", photo_id)
+    assert again == first
+
+
+async def test_sweep_pages_through_every_lost_photo(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One sweep finds every lost photo, however many pages; the next finds none."""
+    monkeypatch.setattr(sweeper, "BATCH", 2)
+    lost = {await new_photo(store.pool, age_s=600) for _ in range(5)}
+    fresh = await new_photo(store.pool, age_s=0)
+    assert set(await sweeper.sweep(store.pool, store.streams, 60)) == lost
+    queued = {f["photo_id"] for _, f in await store.streams.client.xrange(store.streams.stream)}
+    assert queued == {str(p) for p in lost} and str(fresh) not in queued
+    assert await sweeper.sweep(store.pool, store.streams, 60) == []
+
+
+async def test_sweep_leaves_photos_queued_behind_a_backlog(store: Store) -> None:
+    """A stale photo is not enqueued again while older entries still wait in the stream."""
+    await store.streams.enqueue({"photo_id": str(uuid.uuid4())})  # an old backlog entry
+    await store.pool.execute("SELECT pg_sleep(0.01)")
+    photo_id = await new_photo(store.pool, age_s=0)
+    await store.pool.execute(
+        "UPDATE photos SET updated_at = now() + interval '1 minute' WHERE id = $1", photo_id
+    )  # last activity after the backlog entry: it may well be queued behind it
+    assert await sweeper.sweep(store.pool, store.streams, -3600) == []
+
+
+async def test_sweep_runs_one_at_a_time(store: Store, database_url: str) -> None:
+    """While another process holds the sweep lock, a sweep does nothing."""
+    await new_photo(store.pool, age_s=600)
+    holder = await asyncpg.connect(database_url)
+    try:
+        await holder.execute("SELECT pg_advisory_lock(hashtext($1))", sweeper.SWEEP_LOCK)
+        assert await sweeper.sweep(store.pool, store.streams, 60) == []
+    finally:
+        await holder.close()
+    assert len(await sweeper.sweep(store.pool, store.streams, 60)) == 1
+
+
+def test_failure_whose_dead_letter_was_never_written_gets_it(file_env: Env, tmp_path: Path) -> None:
+    """Failure committed, then the worker died before its dead letter: the redelivery writes it."""
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes((PHOTOS / "Landscape_1.jpg").read_bytes()[:5000])
+    [photo_id] = file_env.ingest([broken])
+    [[_, [(entry_id, _)]]] = file_env.redis.xreadgroup("darkroom", "ghost", {file_env.stream: ">"})
+    # The ghost claims and records the failure, as a worker would, then dies.
+    file_env.query(db.CLAIM_SQL, photo_id, entry_id, "ghost")
+    file_env.query("UPDATE photos SET processing_state = 'processing_failed', "
+                   "error_code = 'corrupt_image' WHERE id = $1", photo_id)  # fmt: skip
+    file_env.query("UPDATE photo_jobs SET state = 'failed', error_code = 'corrupt_image', "
+                   "last_error = 'cut short' WHERE photo_id = $1", photo_id)  # fmt: skip
+    log = file_env.cli("run", "--drain", DARKROOM_CLAIM_IDLE_MS="100").stderr
+    assert '"outcome": "failed"' in log
+    [(_, letter)] = file_env.redis.xrange(file_env.dead)
+    assert (letter["photo_id"], letter["error_code"], letter["source_id"]) == (
+        str(photo_id), "corrupt_image", entry_id)  # fmt: skip
+    assert file_env.redis.xlen(file_env.stream) == 0
