@@ -59,7 +59,8 @@ def test_renditions_setting_parses_and_rejects() -> None:
 
 def test_settings_error_names_the_variable() -> None:
     """A bad value's error message starts with the variable's name."""
-    with pytest.raises(SettingsError, match=r"^DARKROOM_MAX_ATTEMPTS: must be a finite number greater than 0"):
+    expected = r"^DARKROOM_MAX_ATTEMPTS: must be a finite number greater than 0"
+    with pytest.raises(SettingsError, match=expected):
         from_env({"DARKROOM_MAX_ATTEMPTS": "0"})
 
 
