@@ -31,8 +31,6 @@ class Storage(Protocol):
 
     async def put(self, key: str, data: bytes, content_type: str) -> None: ...
 
-    async def exists(self, key: str) -> bool: ...
-
     async def probe(self) -> None:
         """Raise StorageUnavailableError unless the backend answers at all."""
 
@@ -79,9 +77,6 @@ class FileStorage:
                 tmp.unlink()
             raise StorageUnavailableError(f"writing {key}: {exc}") from exc
 
-    async def exists(self, key: str) -> bool:
-        return await anyio.Path(self._path(key)).is_file()
-
     async def probe(self) -> None:
         try:
             await anyio.Path(self.root).mkdir(parents=True, exist_ok=True)
@@ -123,15 +118,6 @@ class S3Storage:
             )
         except Exception as exc:
             raise StorageUnavailableError(f"writing {key}: {_describe(exc)}") from exc
-
-    async def exists(self, key: str) -> bool:
-        try:
-            await self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-            return True
-        except Exception as exc:
-            if _status(exc) == 404:
-                return False
-            raise StorageUnavailableError(f"checking {key}: {_describe(exc)}") from exc
 
     async def probe(self) -> None:
         """Any HTTP answer below 500 (404, or 403 without s3:ListBucket) means S3 is up."""

@@ -39,6 +39,7 @@ class Worker:
     stopping: anyio.Event = field(default_factory=anyio.Event)
     in_flight: set[str] = field(default_factory=set)
     _changed: anyio.Event = field(default_factory=anyio.Event)
+    _next_reclaim: float = 0.0
 
     def __post_init__(self) -> None:
         self.gate = Gate(
@@ -122,8 +123,6 @@ class Worker:
         entries = await self.streams.read_new(self._free(), self._block_ms(drain))
         await self._dispatch(jobs, entries, fresh=True)
         return drain and not entries and await self._drained()
-
-    _next_reclaim: float = 0.0
 
     def _block_ms(self, drain: bool) -> int:
         # While retries wait in the PEL, poll often enough to reclaim them on time.
