@@ -8,12 +8,14 @@ import json
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 from datetime import datetime
 from typing import Any
 
 from tests.chaos.rig import Proxy
-from tests.conftest import PHOTOS, Env
+from tests.conftest import PHOTOS, Env, free_port
 
 HEIC = PHOTOS / "iphone_13_pro_max.HEIC"  # the slowest sample: about a second to render
 
@@ -28,6 +30,16 @@ def wait_for(env: Env, sql: str, *args: Any, proc: subprocess.Popen[str] | None 
         assert time.monotonic() < deadline, f"timed out waiting for: {sql}"
         assert proc is None or proc.poll() is None, proc.communicate()[1] if proc else ""
         time.sleep(0.01)
+
+
+def readyz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
 
 
 def kill_mid_photo(env: Env, settings: dict[str, str]) -> None:
@@ -189,22 +201,32 @@ def test_storage_outage_burns_no_attempt(s3_env: Env) -> None:
     ids = s3_env.ingest([PHOTOS / "4.webp", PHOTOS / "Landscape_5.jpg"])
     endpoint = s3_env.vars["DARKROOM_S3_ENDPOINT_URL"]
     proxy = Proxy("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))
+    port = free_port()
     try:
         proxy.refuse(True)
-        worker = s3_env.start("run", DARKROOM_S3_ENDPOINT_URL=f"http://{proxy.url_host}")
-        wait_for(s3_env, "SELECT 1 FROM photos WHERE processing_state = 'processing'", proc=worker)
-        time.sleep(8)  # well past botocore's own retries: the outage is the worker's now
+        worker = s3_env.start(
+            "run",
+            DARKROOM_S3_ENDPOINT_URL=f"http://{proxy.url_host}",
+            DARKROOM_METRICS_PORT=str(port),
+        )
+        # botocore retries on its own first; once they are spent, the gate closes (/readyz 503)
+        deadline = time.monotonic() + 120  # 3 botocore attempts of up to 30 s each
+        while readyz(port) != 503:
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.1)
         assert s3_env.query("SELECT 1 FROM photos WHERE processing_state = 'processed'") == []
         proxy.refuse(False)
         wait_for(s3_env, "SELECT 1 FROM photos HAVING count(*) FILTER "
                  "(WHERE processing_state = 'processed') = 2", proc=worker)  # fmt: skip
         worker.send_signal(signal.SIGTERM)
-        events = [e["event"] for e in log_lines(worker.communicate(timeout=60)[1])]
+        stderr = worker.communicate(timeout=60)[1]
     finally:
         proxy.close()
-    assert "dependency down: pausing intake" in events and "dependency back: resuming" in events
-    assert "attempt failed; will retry" not in events
-    assert {state(s3_env, i) for i in ids} == {("processed", "published", 1)}
+    events = [e["event"] for e in log_lines(stderr)]
+    assert "dependency down: pausing intake" in events, stderr
+    assert "dependency back: resuming" in events, stderr
+    assert "attempt failed; will retry" not in events, stderr
+    assert {state(s3_env, i) for i in ids} == {("processed", "published", 1)}, stderr
 
 
 def test_database_outage_burns_no_attempt(file_env: Env) -> None:
@@ -233,12 +255,19 @@ def test_redis_outage_pauses_and_resumes_without_burning_attempts(file_env: Env)
     on its first delivery and acks them all."""
     ids = file_env.ingest(sorted(PHOTOS.glob("Landscape_*.jpg"))[:6])
     proxy = Proxy("127.0.0.1", 6379)
+    port = free_port()
     try:
-        worker = file_env.start("run", DARKROOM_REDIS_URL=f"redis://{proxy.url_host}/0")
+        worker = file_env.start(
+            "run", DARKROOM_REDIS_URL=f"redis://{proxy.url_host}/0", DARKROOM_METRICS_PORT=str(port)
+        )
         wait_for(file_env, "SELECT 1 FROM photos WHERE processing_state = 'processed'", proc=worker)
         proxy.refuse(True)
-        time.sleep(3)
-        assert worker.poll() is None, "a Redis outage does not end the worker"
+        deadline = time.monotonic() + 60
+        while readyz(port) != 503:  # the gate has closed: the worker noticed the outage
+            assert time.monotonic() < deadline, "a Redis outage does not end the worker"
+            assert worker.poll() is None, "a Redis outage does not end the worker"
+            time.sleep(0.1)
+        time.sleep(1)
         proxy.refuse(False)
         wait_for(file_env, "SELECT 1 FROM photos HAVING bool_and(processing_state = 'processed')",
                  proc=worker)  # fmt: skip
@@ -247,12 +276,14 @@ def test_redis_outage_pauses_and_resumes_without_burning_attempts(file_env: Env)
             assert time.monotonic() < deadline, "every entry is acked once Redis is back"
             time.sleep(0.05)
         worker.send_signal(signal.SIGTERM)
-        events = [e["event"] for e in log_lines(worker.communicate(timeout=60)[1])]
+        stderr = worker.communicate(timeout=60)[1]
     finally:
         proxy.close()
-    assert worker.returncode == 0
-    assert "dependency down: pausing intake" in events and "dependency back: resuming" in events
-    assert "attempt failed; will retry" not in events
+    events = [e["event"] for e in log_lines(stderr)]
+    assert worker.returncode == 0, stderr
+    assert "dependency down: pausing intake" in events, stderr
+    assert "dependency back: resuming" in events, stderr
+    assert "attempt failed; will retry" not in events, stderr
     assert {state(file_env, i) for i in ids} == {("processed", "published", 1)}
     assert file_env.redis.xpending(file_env.stream, "darkroom")["pending"] == 0
 
