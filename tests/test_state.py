@@ -50,12 +50,15 @@ FACTS = {"width": 10, "height": 10, "format": "jpeg", "bytes": 1}
 
 
 async def test_a_stale_worker_cannot_publish_a_failed_photo(store: Store) -> None:
-    """Claim, claim again, fail: the first worker's late publish changes nothing."""
+    """Claim, claim again, fail: the first worker's late publish or failure changes nothing."""
     photo_id = await new_photo(store.pool)
     assert (await db.claim(store.pool, photo_id, "1-0", "w1")).outcome == "claimed"
     assert (await db.claim(store.pool, photo_id, "1-0", "w2")).attempt == 2
     assert await db.record_failure(store.pool, photo_id, "timeout", "slow")
     assert not await db.publish(store.pool, photo_id, FACTS, "[]")
+    assert not await db.record_failure(store.pool, photo_id, "storage_unavailable", "late")
+    code = await store.pool.fetchval("SELECT error_code FROM photos WHERE id = $1", photo_id)
+    assert code == "timeout", "a late failure of another delivery does not rewrite the code"
     row = await store.pool.fetchrow(
         "SELECT p.processing_state, p.visibility, j.state FROM photos p"
         " JOIN photo_jobs j ON j.photo_id = p.id WHERE p.id = $1",
@@ -131,3 +134,19 @@ def test_failure_whose_dead_letter_was_never_written_gets_it(file_env: Env, tmp_
     assert (letter["photo_id"], letter["error_code"], letter["source_id"]) == (
         str(photo_id), "corrupt_image", entry_id)  # fmt: skip
     assert file_env.redis.xlen(file_env.stream) == 0
+
+
+def test_failed_photo_past_the_cap_keeps_its_code_and_single_letter(file_env: Env) -> None:
+    """A failed photo's entry delivered past the cap is acked, not re-failed as exhausted."""
+    [photo_id] = file_env.ingest([PHOTOS / "4.webp"])
+    [[_, [(entry_id, _)]]] = file_env.redis.xreadgroup("darkroom", "ghost", {file_env.stream: ">"})
+    for _ in range(3):  # delivered again and again without finishing
+        file_env.redis.xclaim(file_env.stream, "darkroom", "ghost", 0, [entry_id])
+    file_env.query(db.CLAIM_SQL, photo_id, "another-entry", "ghost")
+    file_env.query(db.FAIL_SQL, photo_id, "corrupt_image", "failed through another entry")
+    log = file_env.cli("run", "--drain", DARKROOM_MAX_ATTEMPTS="2",
+                       DARKROOM_CLAIM_IDLE_MS="100").stderr  # fmt: skip
+    assert '"outcome": "already"' in log
+    row = file_env.query("SELECT processing_state, error_code FROM photos")[0]
+    assert (row["processing_state"], row["error_code"]) == ("processing_failed", "corrupt_image")
+    assert file_env.redis.xlen(file_env.dead) == 0 and file_env.redis.xlen(file_env.stream) == 0

@@ -213,7 +213,7 @@ FAIL_SQL = """
 WITH photo AS (
     UPDATE photos SET processing_state = 'processing_failed', error_code = $2,
         updated_at = now()
-    WHERE id = $1 AND processing_state <> 'processed'
+    WHERE id = $1 AND processing_state IN ('uploaded', 'processing')
     RETURNING id
 )
 INSERT INTO photo_jobs AS j (photo_id, type, state, error_code, last_error, finished_at)
@@ -227,7 +227,8 @@ RETURNING j.attempt
 
 @translated
 async def record_failure(pool: Pool, photo_id: uuid.UUID, code: str, message: str) -> bool:
-    """Final failure, atomically on job and photo; False if the photo is processed or gone."""
+    """Final failure, atomically on job and photo; False if the photo is already terminal
+    (processed, or failed through another delivery) or gone: nothing changes then."""
     return await pool.fetchval(FAIL_SQL, photo_id, code, message[:2000]) is not None
 
 

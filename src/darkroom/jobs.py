@@ -108,7 +108,7 @@ class Jobs:
     async def _process(self, entry: Entry, deliveries: int, claims: dict[str, db.Claim]) -> str:
         task = parse_task(entry)
         if deliveries > self.settings.max_attempts:
-            return await self._past_the_cap(task.photo_id, deliveries)
+            await self._past_the_cap(task.photo_id, deliveries)
         claim = claims.get(entry.id) or await db.claim(
             self.pool, task.photo_id, entry.id, self.streams.consumer
         )
@@ -117,9 +117,9 @@ class Jobs:
             return await self._finish_failure(entry, deliveries, claim)
         if claim.outcome != "claimed":
             return claim.outcome
-        with _timed("download"):
+        with metrics.STAGE_SECONDS.labels("download").time():
             original = await self.storage.get(claim.original_key, self.settings.max_original_bytes)
-        with _timed("render"):
+        with metrics.STAGE_SECONDS.labels("render").time():
             result = await render_isolated(
                 original,
                 self.settings.renditions,
@@ -129,20 +129,18 @@ class Jobs:
                 limiter=self.limiter,
             )
         metrics.RENDER_PEAK_RSS_MB.observe(result.peak_rss_mb)
-        with _timed("upload"):
+        with metrics.STAGE_SECONDS.labels("upload").time():
             renditions = await self._upload(task.photo_id, result)
         facts = {**msgspec.structs.asdict(result.facts), "bytes": len(original)}
-        with _timed("publish"):
+        with metrics.STAGE_SECONDS.labels("publish").time():
             published = await db.publish(self.pool, task.photo_id, facts, renditions)
         return "published" if published else "already"
 
-    async def _past_the_cap(self, photo_id: uuid.UUID, deliveries: int) -> str:
-        """Checked before any work, so a photo that kills its worker cannot loop."""
-        state = await db.photo_state(self.pool, photo_id)
-        if state is None:
-            return "skipped"
-        if state == "processed":
-            return "already"
+    async def _past_the_cap(self, photo_id: uuid.UUID, deliveries: int) -> None:
+        """Checked before any work, so a photo that kills its worker cannot loop. A photo
+        that is gone or already terminal goes on to the claim, which changes nothing."""
+        if await db.photo_state(self.pool, photo_id) in (None, "processed", "processing_failed"):
+            return
         code, message = await db.last_error(self.pool, photo_id)
         raise AttemptsExhaustedError(
             f"delivered {deliveries} times without finishing; last error: "
@@ -203,10 +201,12 @@ class Jobs:
             if isinstance(decision, policy.Retry):
                 await self._retry_later(entry, exc, decision.delay_ms)
                 bound.warning("attempt failed; will retry", delay_ms=decision.delay_ms)
-            else:
-                await self._dead_letter(entry, deliveries, exc)
+            elif await self._dead_letter(entry, deliveries, exc):
                 metrics.OUTCOMES.labels("failed").inc()
                 bound.error("photo failed; dead-lettered")
+            else:
+                metrics.OUTCOMES.labels("already").inc()
+                bound.warning("photo already finished by another delivery; acked")
         except DarkroomError as follow_up:
             # Nothing is lost: the entry stays pending and is reclaimed after the idle time.
             bound.error("could not record the failure; left pending", cause=str(follow_up))
@@ -218,11 +218,17 @@ class Jobs:
         idle_ms = policy.preset_idle_ms(self.settings.claim_idle_ms, delay_ms)
         await self.streams.backoff(entry.id, idle_ms)
 
-    async def _dead_letter(self, entry: Entry, deliveries: int, exc: DarkroomError) -> None:
+    async def _dead_letter(self, entry: Entry, deliveries: int, exc: DarkroomError) -> bool:
+        """Record the final failure, then the dead letter; False (and only an ack) when the
+        photo is already terminal or gone: its one dead letter, if any, exists already."""
         photo_id = _photo_id(entry)
-        if photo_id is not None:
-            await db.record_failure(self.pool, photo_id, exc.code, str(exc))
+        if photo_id is not None and not await db.record_failure(
+            self.pool, photo_id, exc.code, str(exc)
+        ):
+            await self.streams.ack(entry.id)
+            return False
         await self._write_dead_letter(entry, deliveries, exc.code, str(exc), exc.stage)
+        return True
 
     async def _write_dead_letter(
         self, entry: Entry, deliveries: int, code: str, message: str, stage: str
@@ -245,14 +251,3 @@ def _photo_id(entry: Entry) -> uuid.UUID | None:
         return parse_task(entry).photo_id
     except DarkroomError:
         return None
-
-
-class _timed:
-    def __init__(self, stage: str) -> None:
-        self.stage = stage
-
-    def __enter__(self) -> None:
-        self.started = time.monotonic()
-
-    def __exit__(self, *exc: object) -> None:
-        metrics.STAGE_SECONDS.labels(self.stage).observe(time.monotonic() - self.started)

@@ -8,8 +8,9 @@ QueueUnavailableError here.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as redis
@@ -36,6 +37,16 @@ def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
 def _no_group(exc: ResponseError) -> bool:
     """Redis lost the group (restarted empty): the entry is gone, Postgres will recover it."""
     return str(exc).startswith("NOGROUP")
+
+
+@contextlib.contextmanager
+def _group_may_be_gone() -> Iterator[None]:
+    """Acting on an entry of a group Redis lost is a no-op, not an error."""
+    try:
+        yield
+    except ResponseError as exc:
+        if not _no_group(exc):
+            raise
 
 
 def connect(url: str) -> redis.Redis:
@@ -126,35 +137,26 @@ class Streams:
     async def heartbeat(self, entry_ids: Sequence[str]) -> None:
         """Reset idle time of in-flight entries so no other consumer steals them."""
         if entry_ids:
-            try:
+            with _group_may_be_gone():
                 await self.client.xclaim(
                     self.stream, self.group, self.consumer, 0, list(entry_ids), justid=True
                 )
-            except ResponseError as exc:
-                if not _no_group(exc):
-                    raise
 
     @translated
     async def backoff(self, entry_id: str, idle_ms: int) -> None:
         """Leave the entry pending, looking `idle_ms` old, without counting a delivery."""
-        try:
+        with _group_may_be_gone():
             await self.client.xclaim(
                 self.stream, self.group, self.consumer, 0, [entry_id], idle=idle_ms, justid=True
             )
-        except ResponseError as exc:
-            if not _no_group(exc):
-                raise
 
     @translated
     async def ack(self, entry_id: str) -> None:
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.xack(self.stream, self.group, entry_id)
             pipe.xdel(self.stream, entry_id)
-            try:
+            with _group_may_be_gone():
                 await pipe.execute()
-            except ResponseError as exc:
-                if not _no_group(exc):
-                    raise
 
     @translated
     async def dead_letter(self, entry_id: str, fields: dict[str, str]) -> str:
