@@ -27,7 +27,8 @@ from darkroom import db
 PHOTOS = Path(__file__).parent / "photos"
 PG_BASE = os.environ.get("DARKROOM_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
 REDIS_URL = os.environ.get("DARKROOM_TEST_REDIS", "redis://127.0.0.1:6379/0")
-TEMPLATE = "darkroom_test_template"
+# One template per test session, so concurrent sessions (worktrees, CI) never drop each other's.
+TEMPLATE = f"darkroom_test_template_{os.getpid()}"
 
 
 def free_port() -> int:
