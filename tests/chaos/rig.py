@@ -1,6 +1,7 @@
-"""Chaos rig, all on loopback: a private redis-server (restartable, loses its data), a moto
-S3 server, a PostgreSQL database, TCP proxies that can hang or cut connections, and
-restartable `darkroom run` workers whose JSON logs are kept in the tmp dir."""
+"""Chaos rig, all on loopback: a private redis-server (restartable, loses its data; can be
+demoted to a replica), a moto S3 server, a PostgreSQL database (can be made read-only), TCP
+proxies that can hang or cut connections (the S3 one can also deny every request with 403),
+and restartable `darkroom run` workers whose JSON logs are kept in the tmp dir."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -137,6 +139,63 @@ class Proxy:
         self.loop.close()
 
 
+ACCESS_DENIED = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+    "<Message>Access Denied</Message><RequestId>{id}</RequestId><HostId>{id}</HostId></Error>"
+)
+
+
+class S3Proxy(Proxy):
+    """The S3 forwarder, plus deny(True): every request answers 403 AccessDenied with S3's XML
+    error body (revoked credentials, a bucket policy that denies the worker) until
+    deny(False). Open connections are cut when denial starts, so none keeps reaching S3;
+    each denial answers `Connection: close`, so the first request after it goes upstream."""
+
+    denying = False
+    denied = 0  # requests answered 403
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.denying:
+            await super()._serve(reader, writer)
+            return
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            headers = {k.strip().lower(): v.strip() for k, _, v in
+                       (line.partition(":") for line in head[1:] if line)}  # fmt: skip
+            if "100-continue" not in headers.get("expect", "").lower():
+                await _read_body(reader, headers)  # else the client waits: answer at once
+            writer.write(_denial(head[0].split(" ")[0]))
+            self.denied += 1
+            await writer.drain()
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    def deny(self, on: bool) -> None:
+        self.denying = on
+        if on:
+            self.cut()
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> None:
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        while size := int((await reader.readline()).split(b";")[0].strip() or b"0", 16):
+            await reader.readexactly(size + 2)
+        while (await reader.readline()).strip():  # trailers, up to the blank line
+            pass
+    elif length := int(headers.get("content-length", "0") or 0):
+        await reader.readexactly(length)
+
+
+def _denial(method: str) -> bytes:
+    body = ACCESS_DENIED.format(id=uuid.uuid4().hex[:16].upper()).encode()
+    head = ("HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n"
+            f"Content-Length: {len(body)}\r\nx-amz-request-id: DENIED\r\n"
+            "Connection: close\r\n\r\n")  # fmt: skip
+    return head.encode() + (b"" if method == "HEAD" else body)
+
+
 @dataclass
 class Worker:
     proc: subprocess.Popen[bytes]
@@ -185,7 +244,7 @@ class Rig:
         self.s3 = s3_client(self.s3_url)
         self.stack.callback(self.s3.close)
         self.s3.create_bucket(Bucket=BUCKET)
-        self.s3_proxy = Proxy("127.0.0.1", moto_port)
+        self.s3_proxy = S3Proxy("127.0.0.1", moto_port)
         self.stack.callback(self.s3_proxy.close)
         pg = urlsplit(PG_BASE)
         self.pg_proxy = Proxy(pg.hostname or "127.0.0.1", pg.port or 5432)
@@ -222,6 +281,53 @@ class Rig:
         self.stop_redis()
         time.sleep(down_s)
         self.start_redis()
+
+    def demote_redis(self) -> None:
+        """Make our redis-server a replica of a dead primary, as a failover leaves the old
+        primary: PING and reads answer, every write answers READONLY (replica-read-only is
+        the default). The "primary" is a port we hold bound but never listen on, so the
+        sync attempts are refused at once: the replica never starts a full sync, which would
+        flush its dataset, and keeps its data (checked by the rig's tests). Clients blocked
+        in XREADGROUP are unblocked with an UNBLOCKED error by the role change."""
+        self.dead_primary = socket.socket()
+        self.dead_primary.bind(("127.0.0.1", 0))
+        with self.redis() as client:
+            client.replicaof("127.0.0.1", self.dead_primary.getsockname()[1])
+
+    def promote_redis(self) -> None:
+        """`REPLICAOF NO ONE`: a primary again, with the data it had."""
+        with self.redis() as client:
+            client.replicaof("NO", "ONE")
+        self.dead_primary.close()
+
+    def pg_read_only(self, on: bool) -> int:
+        """Make the database refuse writes (`default_transaction_read_only`, as a failover
+        to a read replica does) or accept them again; the setting applies to new sessions,
+        so every session of the database is terminated: the workers reconnect into it.
+        Runs from the postgres database, in a session that is never read-only. Returns how
+        many backends were terminated."""
+        change = (
+            "SET default_transaction_read_only = on"
+            if on
+            else "RESET default_transaction_read_only"
+        )
+        self.admin(
+            "SET default_transaction_read_only = off", f'ALTER DATABASE "{self.db}" {change}'
+        )
+        return self.pg_terminate()
+
+    def admin(self, *sqls: str) -> None:
+        """Statements in one session on the postgres database."""
+
+        async def go() -> None:
+            conn = await asyncpg.connect(f"{PG_BASE}/postgres", timeout=10)
+            try:
+                for sql in sqls:
+                    await conn.execute(sql)
+            finally:
+                await conn.close()
+
+        asyncio.run(go())
 
     def db_url(self, *, direct: bool) -> str:
         if direct:
@@ -267,9 +373,9 @@ class Rig:
         return asyncio.run(go())
 
     def pg_terminate(self) -> int:
-        """Terminate every other backend of the database, through a direct connection."""
+        """Terminate every backend of the database, from a connection to the postgres db."""
         sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1"
-        return len(self.query(f"{sql} AND pid <> pg_backend_pid()", self.db))
+        return len(self.query(f"{sql} AND pid <> pg_backend_pid()", self.db, db="postgres"))
 
     def _drop_database(self) -> None:
         self.query(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)', db="postgres")
@@ -349,6 +455,20 @@ class Rig:
                     record["ts"] = datetime.fromisoformat(record["timestamp"]).timestamp()
                     records.append(record)
         return records
+
+    def worker_cpu_s(self) -> float:
+        """CPU seconds used so far by the live workers' main processes (renders excluded)."""
+        ticks = 0
+        for w in self.workers.values():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = Path(f"/proc/{w.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks += int(stat[11]) + int(stat[12])  # utime, stime (fields 14, 15)
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def extra_deliveries(self) -> int:
+        """Deliveries beyond each photo's first: sum of `photo_jobs.attempt - 1`."""
+        sql = "SELECT coalesce(sum(attempt - 1), 0) AS n FROM photo_jobs WHERE attempt > 0"
+        return int(self.query(sql)[0]["n"])
 
     def unfinished(self) -> int:
         """Photos neither processed+published nor processing_failed."""
