@@ -1,5 +1,6 @@
 """Chaos test of "Never lose a photo, never loop on one": every photo XADDed ends terminal,
-whatever crashes, restarts or outages happen, and a duplicate delivery never does harm."""
+whatever crashes, restarts, outages or failovers happen, and a duplicate delivery never does
+harm."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
+from tests.chaos import failover
 from tests.chaos.rig import BUCKET, DEAD, PREFIX, Rig
 from tests.conftest import PHOTOS
 
@@ -30,13 +32,17 @@ SETTINGS = {"DARKROOM_CONCURRENCY": "2", "DARKROOM_CLAIM_IDLE_MS": "3000",
 VALID = [*(f"Landscape_{i}.jpg" for i in range(1, 9)), "4.webp", "animated-loop-3.gif",
          "embedgravitybird.png", "png-alpha-64bit.png",
          "Channel_digital_image_CMYK_color.jpg"]  # fmt: skip
-N_VALID, N_NOISE, N_TRUNCATED, UPFRONT, CHUNK = 500, 10, 10, 280, 70
-WINDOW_S, DRAIN_DEADLINE_S, STALL_S = 45.0, 600.0, 60.0
-# Seconds after the workers start; a random worker is SIGKILLed every 1–3 s in between.
+N_VALID, N_NOISE, N_TRUNCATED, UPFRONT, CHUNK = 500, 10, 10, 200, 50
+WINDOW_S, DRAIN_DEADLINE_S, STALL_S = 122.0, 600.0, 60.0
+# Seconds after the workers start; a random worker is SIGKILLed every 1–3 s in between. The
+# failovers (failover.FAILOVER_S long: 10, 30, 20 s) follow the Redis restart, each after a
+# chunk is ingested (so it meets a backlog) and ≥ failover.TAIL_S after the previous one.
 SCHEDULE = [(3, "ingest"), (5, "sigstop"), (8, "ingest"), (12, "s3_pause"), (16, "ingest"),
             (21, "ingest"), (25, "pg_terminate"), (29, "pg_cut"), (33, "redis_restart"),
-            (37, "ingest"), (41, "ingest")]  # fmt: skip
-FAULT_KINDS = {"sigkill", "sigstop", "s3_pause", "pg_terminate", "pg_cut", "redis_restart"}
+            (37, "ingest"), (41, "ingest"), (44, "ingest"), (45, "redis_replica"),
+            (60, "ingest"), (61, "pg_read_only"), (96, "ingest"), (97, "s3_denied")]  # fmt: skip
+FAULT_KINDS = {"sigkill", "sigstop", "s3_pause", "pg_terminate", "pg_cut", "redis_restart",
+               *failover.FAILOVER_S}  # fmt: skip
 
 
 def corpus(tmp: Path, rng: random.Random) -> list[tuple[Path, str]]:
@@ -73,7 +79,7 @@ class Chaos:
         )
 
         def lifted() -> None:
-            lift()
+            fault.update(lift() or {})
             fault["lifted"] = time.time()
 
         if lift_at is not None:
@@ -136,6 +142,22 @@ class Chaos:
             self.fault(kind)
             rig.restart_redis(down_s=2.0)
             self.faults[-1]["lifted"] = time.time()
+        elif kind in failover.FAILOVER_S:
+            self.fail_over(kind, now)
+
+    def fail_over(self, kind: str, now: float) -> None:
+        """Open a failover window; note the extra deliveries (beyond each photo's first,
+        SIGKILLs included) from its opening to failover.TAIL_S after its end."""
+        before = self.rig.extra_deliveries()
+        info = failover.open_window(self.rig, kind)
+        lift_at = now + failover.FAILOVER_S[kind]
+        self.fault(kind, lift_at, lambda: failover.close_window(self.rig, kind), **info)
+        fault = self.faults[-1]
+
+        def tally() -> None:
+            fault["extra_deliveries"] = self.rig.extra_deliveries() - before
+
+        self.lifts.append((lift_at + failover.TAIL_S, tally))
 
 
 def settle(rig: Rig) -> str:
@@ -174,6 +196,20 @@ def worst_recovery(faults: list[dict[str, Any]], done: list[float]) -> dict[str,
         gap = done[i] - start if i < len(done) else math.inf
         worst[f["kind"]] = max(worst.get(f["kind"], 0.0), gap)
     return {kind: None if gap == math.inf else round(gap, 2) for kind, gap in worst.items()}
+
+
+def failover_figures(
+    faults: list[dict[str, Any]], records: list[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Per failover window: what it did, what it cost (failover.figures), SIGKILLs in it."""
+    out = {}
+    for f in faults:
+        if f["kind"] in failover.FAILOVER_S:
+            until = f["lifted"] + failover.TAIL_S
+            kills = sum(g["kind"] == "sigkill" and f["at"] <= g["at"] <= until for g in faults)
+            info = {k: v for k, v in f.items() if k not in ("kind", "at", "lifted")}
+            out[f["kind"]] = info | {"sigkills": kills} | failover.figures(f, records, until)
+    return out
 
 
 @pytest.fixture
@@ -235,6 +271,7 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
         "worst_recovery_s": worst_recovery(chaos.faults, done),
         "longest_gap_between_entries_done_s": round(max((b - a for a, b in pairwise(done)),
                                                         default=0), 2),
+        "failovers": failover_figures(chaos.faults, records),
         "chaos_window_s": round(window_s, 1), "wall_s": round(time.monotonic() - started, 1),
         "logs": str(rig.logs),
     }  # fmt: skip
