@@ -138,7 +138,7 @@ async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
 
 async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     async with (
-        services(settings, settings.concurrency + 2) as (pool, streams),
+        services(settings, settings.in_flight_bound + 2) as (pool, streams),
         storage_for(settings) as storage,
     ):
         worker = Worker(settings, pool, streams, storage)
