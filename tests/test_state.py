@@ -54,9 +54,9 @@ async def test_a_stale_worker_cannot_publish_a_failed_photo(store: Store) -> Non
     photo_id = await new_photo(store.pool)
     assert (await db.claim(store.pool, photo_id, "1-0", "w1")).outcome == "claimed"
     assert (await db.claim(store.pool, photo_id, "1-0", "w2")).attempt == 2
-    assert await db.record_failure(store.pool, photo_id, "timeout", "slow")
+    assert await db.record_failure(store.pool, photo_id, "1-0", "timeout", "slow")
     assert not await db.publish(store.pool, photo_id, FACTS, "[]")
-    assert not await db.record_failure(store.pool, photo_id, "storage_unavailable", "late")
+    assert not await db.record_failure(store.pool, photo_id, "1-0", "storage_unavailable", "late")
     code = await store.pool.fetchval("SELECT error_code FROM photos WHERE id = $1", photo_id)
     assert code == "timeout", "a late failure of another delivery does not rewrite the code"
     row = await store.pool.fetchrow(
@@ -65,6 +65,26 @@ async def test_a_stale_worker_cannot_publish_a_failed_photo(store: Store) -> Non
         photo_id,
     )
     assert tuple(row) == ("processing_failed", "unpublished", "failed")
+
+
+async def test_a_stale_entry_cannot_retry_or_fail_a_photo_another_entry_owns(store: Store) -> None:
+    """Once the photo was re-enqueued through a newer entry, the old entry's retry and final
+    failure change nothing; the newer entry's do."""
+    photo_id = await new_photo(store.pool)
+    await db.claim(store.pool, photo_id, "1-0", "w1")
+    await db.record_requeued(store.pool, photo_id, "2-0")
+    await db.claim(store.pool, photo_id, "2-0", "w2")
+    assert not await db.record_retry(store.pool, photo_id, "1-0", "timeout", "late", 1000)
+    assert not await db.record_failure(store.pool, photo_id, "1-0", "attempts_exhausted", "x")
+    row = await store.pool.fetchrow(
+        "SELECT p.processing_state, j.state, j.error_code FROM photos p"
+        " JOIN photo_jobs j ON j.photo_id = p.id WHERE p.id = $1",
+        photo_id,
+    )
+    assert tuple(row) == ("processing", "active", None)
+    assert await db.record_retry(store.pool, photo_id, "2-0", "timeout", "slow", 1000)
+    await db.claim(store.pool, photo_id, "2-0", "w2")
+    assert await db.record_failure(store.pool, photo_id, "2-0", "timeout", "slow")
 
 
 async def test_publish_happens_once_and_keeps_processed_at(store: Store) -> None:
@@ -143,7 +163,9 @@ def test_failed_photo_past_the_cap_keeps_its_code_and_single_letter(file_env: En
     for _ in range(3):  # delivered again and again without finishing
         file_env.redis.xclaim(file_env.stream, "darkroom", "ghost", 0, [entry_id])
     file_env.query(db.CLAIM_SQL, photo_id, "another-entry", "ghost")
-    file_env.query(db.FAIL_SQL, photo_id, "corrupt_image", "failed through another entry")
+    file_env.query(
+        db.FAIL_SQL, photo_id, "corrupt_image", "failed through another entry", "another-entry"
+    )
     log = file_env.cli("run", "--drain", DARKROOM_MAX_ATTEMPTS="2",
                        DARKROOM_CLAIM_IDLE_MS="100").stderr  # fmt: skip
     assert '"outcome": "already"' in log

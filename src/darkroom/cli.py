@@ -138,12 +138,12 @@ async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
 
 async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     async with (
-        services(settings, settings.concurrency + 2) as (pool, streams),
+        services(settings, settings.in_flight_bound + 2) as (pool, streams),
         storage_for(settings) as storage,
     ):
         worker = Worker(settings, pool, streams, storage)
         server = (
-            await metrics.serve(settings.metrics_port, worker.ready)
+            await metrics.serve(settings.metrics_port, worker.readiness)
             if settings.metrics_port
             else None
         )
@@ -182,7 +182,9 @@ async def _run_until_signalled(worker: Worker, drain: bool) -> int:
         await worker.run(drain=drain)
         tg.cancel_scope.cancel()
     log.info("worker stopped", forced=forced)
-    return 130 if forced else 0
+    if forced:
+        return 130
+    return 1 if worker.drain_failed is not None else 0
 
 
 COMMANDS = {

@@ -8,51 +8,44 @@ change `processed_at` once set. Driver errors become DatabaseUnavailableError he
 from __future__ import annotations
 
 import contextlib
-import functools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from darkroom.errors import DatabaseUnavailableError, InternalError
+from darkroom import errors
+from darkroom.errors import DatabaseUnavailableError, InternalError, Rule
 
-P = ParamSpec("P")
-R = TypeVar("R")
 Pool = asyncpg.Pool
 Connection = PoolConnectionProxy
 
-
-# The server or the connection failed (or a transaction lost a race): worth retrying.
-UNAVAILABLE = (
-    asyncpg.PostgresConnectionError,  # includes ConnectionDoesNotExistError
-    asyncpg.InterfaceError,
-    asyncpg.OperatorInterventionError,  # admin shutdown, pg_terminate_backend, cancel
-    asyncpg.InsufficientResourcesError,  # too many connections, disk full
-    asyncpg.TransactionRollbackError,  # deadlock, serialization failure
-    OSError,
-    TimeoutError,
+D = DatabaseUnavailableError
+# What each PostgreSQL failure says about the server, first match wins. All but the last
+# row are outages (intake pauses, the photo keeps its delivery); any other SQL error is a
+# bug in darkroom's SQL: internal_error.
+ERRORS: tuple[Rule, ...] = (
+    Rule(asyncpg.ReadOnlySQLTransactionError, D, "read_only"),  # 25006: failover, replica
+    Rule(asyncpg.InvalidPasswordError, D, "auth"),  # 28P01: rotated credentials
+    Rule(asyncpg.InvalidAuthorizationSpecificationError, D, "auth"),  # 28000
+    Rule(asyncpg.InsufficientPrivilegeError, D, "permission_denied"),  # 42501: revoked grant
+    Rule(asyncpg.CannotConnectNowError, D, "starting_up"),  # 57P03
+    Rule((asyncpg.AdminShutdownError, asyncpg.CrashShutdownError), D, "shutdown"),  # 57P01/2
+    Rule(asyncpg.OperatorInterventionError, D, "terminated"),  # pg_terminate_backend, cancel
+    Rule(asyncpg.TooManyConnectionsError, D, "too_many_connections"),  # 53300
+    Rule(asyncpg.InsufficientResourcesError, D, "resources"),  # 53xxx: disk full, memory
+    Rule(asyncpg.InvalidCatalogNameError, D, "database_missing"),  # 3D000
+    Rule(asyncpg.UndefinedTableError, D, "schema_missing"),  # 42P01: not migrated
+    Rule(asyncpg.TransactionRollbackError, D, "conflict"),  # deadlock, serialization
+    Rule((asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError), D, "connection"),
+    Rule(TimeoutError, D, "timeout"),
+    Rule(asyncpg.PostgresError, InternalError, "sql"),
 )
-
-
-def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Connection and server failures become DatabaseUnavailableError; any other database
-    error (a bug in darkroom's SQL, say) is an InternalError, not an outage."""
-
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return await fn(*args, **kwargs)
-        except UNAVAILABLE as exc:
-            raise DatabaseUnavailableError(f"{type(exc).__name__}: {exc}") from exc
-        except asyncpg.PostgresError as exc:
-            raise InternalError(f"database: {type(exc).__name__}: {exc}") from exc
-
-    return wrapper
+translated = errors.translated(ERRORS)
 
 
 @translated
@@ -195,41 +188,55 @@ async def publish(
     return bool(published)
 
 
+# Only the entry that owns the job records its retry: a stale delivery (whose photo was
+# re-enqueued through another entry since) changes nothing.
 RETRY_SQL = """
 UPDATE photo_jobs SET state = 'pending', error_code = $2, last_error = $3,
     next_retry_at = now() + $4 * interval '1 millisecond', updated_at = now()
-WHERE photo_id = $1 AND type = 'process' AND state = 'active'
+WHERE photo_id = $1 AND type = 'process' AND state = 'active' AND stream_entry = $5
 """
 
 
 @translated
 async def record_retry(
-    pool: Pool, photo_id: uuid.UUID, code: str, message: str, delay_ms: int
-) -> None:
-    await pool.execute(RETRY_SQL, photo_id, code, message[:2000], delay_ms)
+    pool: Pool, photo_id: uuid.UUID, entry_id: str, code: str, message: str, delay_ms: int
+) -> bool:
+    """False when `entry_id` no longer owns the photo's job (nothing is changed then)."""
+    status = await pool.execute(RETRY_SQL, photo_id, code, message[:2000], delay_ms, entry_id)
+    return status != "UPDATE 0"
 
 
+# A final failure only through the entry that owns the job (or when no entry does yet):
+# a stale duplicate of a photo re-enqueued through a newer entry cannot fail it.
 FAIL_SQL = """
 WITH photo AS (
     UPDATE photos SET processing_state = 'processing_failed', error_code = $2,
         updated_at = now()
     WHERE id = $1 AND processing_state IN ('uploaded', 'processing')
+      AND NOT EXISTS (
+        SELECT 1 FROM photo_jobs
+        WHERE photo_id = $1 AND type = 'process' AND stream_entry IS DISTINCT FROM $4
+          AND stream_entry IS NOT NULL)
     RETURNING id
 )
-INSERT INTO photo_jobs AS j (photo_id, type, state, error_code, last_error, finished_at)
-SELECT id, 'process', 'failed', $2, $3, now() FROM photo
+INSERT INTO photo_jobs AS j (photo_id, type, state, error_code, last_error, finished_at,
+                             stream_entry)
+SELECT id, 'process', 'failed', $2, $3, now(), $4 FROM photo
 ON CONFLICT (photo_id, type) DO UPDATE SET state = 'failed', error_code = EXCLUDED.error_code,
     last_error = EXCLUDED.last_error, next_retry_at = NULL, finished_at = now(),
-    updated_at = now()
+    stream_entry = EXCLUDED.stream_entry, updated_at = now()
 RETURNING j.attempt
 """
 
 
 @translated
-async def record_failure(pool: Pool, photo_id: uuid.UUID, code: str, message: str) -> bool:
+async def record_failure(
+    pool: Pool, photo_id: uuid.UUID, entry_id: str, code: str, message: str
+) -> bool:
     """Final failure, atomically on job and photo; False if the photo is already terminal
-    (processed, or failed through another delivery) or gone: nothing changes then."""
-    return await pool.fetchval(FAIL_SQL, photo_id, code, message[:2000]) is not None
+    (processed, or failed through another delivery), gone, or owned by another entry:
+    nothing changes then."""
+    return await pool.fetchval(FAIL_SQL, photo_id, code, message[:2000], entry_id) is not None
 
 
 @translated
@@ -283,9 +290,32 @@ async def photo_state(pool: Pool, photo_id: uuid.UUID) -> str | None:
     return state
 
 
+PROBE_SQL = """
+SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on' AS read_only,
+       has_table_privilege('photos', 'SELECT,INSERT,UPDATE')
+       AND has_table_privilege('photo_jobs', 'SELECT,INSERT,UPDATE') AS can_write
+"""
+
+
 @translated
-async def ping(pool: Pool) -> None:
-    await pool.fetchval("SELECT 1")
+async def probe(pool: Pool) -> None:
+    """What the worker needs, not just an answer: a writable primary (a replica or an
+    Aurora-style reader answers `SELECT 1` but refuses every UPDATE) where darkroom's
+    tables exist and may be written."""
+    row = await pool.fetchrow(PROBE_SQL)
+    assert row is not None
+    if row["read_only"]:
+        raise DatabaseUnavailableError("server is read-only (a replica)", reason="read_only")
+    if not row["can_write"]:
+        raise DatabaseUnavailableError(
+            "no write grant on darkroom's tables", reason="permission_denied"
+        )
+
+
+async def reconnect(pool: Pool) -> None:
+    """Replace every connection on its next use: after a failover the old ones talk to a
+    server that no longer accepts writes."""
+    await pool.expire_connections()
 
 
 # Photos not terminal whose last sign of progress (photo or job row) is older than $1 s,
@@ -351,7 +381,7 @@ async def record_requeued(conn: Pool | Connection, photo_id: uuid.UUID, entry_id
 async def advisory_lock(pool: Pool, name: str) -> AsyncIterator[Connection | None]:
     """A connection holding a session try-lock (statements on it autocommit, one by one);
     yields None if another process holds it. A dead holder's lock goes with its connection."""
-    try:
+    with errors.map_exceptions(ERRORS):
         async with pool.acquire() as conn:
             if not await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", name):
                 yield None
@@ -360,8 +390,6 @@ async def advisory_lock(pool: Pool, name: str) -> AsyncIterator[Connection | Non
                 yield conn
             finally:
                 await conn.execute("SELECT pg_advisory_unlock(hashtext($1))", name)
-    except UNAVAILABLE as exc:
-        raise DatabaseUnavailableError(f"{type(exc).__name__}: {exc}") from exc
 
 
 RESET_SQL = """

@@ -7,7 +7,13 @@ Adapters translate driver exceptions into these (`raise ... from exc`).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Final, NamedTuple
+import contextlib
+import functools
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, ClassVar, Final, NamedTuple, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class CodeInfo(NamedTuple):
@@ -17,11 +23,17 @@ class CodeInfo(NamedTuple):
 
 
 class DarkroomError(Exception):
-    """Base of every error darkroom raises about a photo or a dependency."""
+    """Base of every error darkroom raises about a photo or a dependency. `reason` says
+    what a dependency error means (`read_only`, `auth`, `connection`, ...): /readyz and
+    the logs show it; the code stays the stable contract."""
 
     code: ClassVar[str] = "internal_error"
     retryable: ClassVar[bool] = True
     stage: ClassVar[str] = "process"
+
+    def __init__(self, *args: object, reason: str = "") -> None:
+        super().__init__(*args)
+        self.reason = reason or self.code
 
 
 class TransientError(DarkroomError):
@@ -94,6 +106,14 @@ class RenderOutOfMemoryError(TransientError):
     stage = "render"
 
 
+class ObjectForbiddenError(TransientError):
+    """Storage denies this one object while the bucket answers (another KMS key, an object
+    ACL): the photo's own failure, retried with backoff in case a policy is propagating."""
+
+    code = "object_forbidden"
+    stage = "transfer"
+
+
 class AttemptsExhaustedError(PermanentError):
     code = "attempts_exhausted"
     stage = "process"
@@ -113,6 +133,7 @@ def _table() -> dict[str, CodeInfo]:
         "corrupt_image": "truncated or damaged image data",
         "image_too_large": "header claims more pixels than DARKROOM_MAX_PIXELS",
         "storage_unavailable": "object storage failed or was unreachable",
+        "object_forbidden": "storage denied this photo's object while the bucket answered",
         "database_unavailable": "PostgreSQL failed or was unreachable",
         "queue_unavailable": "Redis failed or was unreachable",
         "timeout": "render took longer than DARKROOM_JOB_TIMEOUT_S",
@@ -125,12 +146,61 @@ def _table() -> dict[str, CodeInfo]:
         BadMessageError, OriginalMissingError, OriginalTooLargeError, UnsupportedFormatError,
         CorruptImageError, ImageTooLargeError, StorageUnavailableError, DatabaseUnavailableError,
         QueueUnavailableError, RenderTimeoutError, RenderCrashedError, RenderOutOfMemoryError,
-        AttemptsExhaustedError, InternalError,
+        ObjectForbiddenError, AttemptsExhaustedError, InternalError,
     ]  # fmt: skip
     return {c.code: CodeInfo(c.retryable, c.stage, docs[c.code]) for c in classes}
 
 
 ERROR_CODES: Final[dict[str, CodeInfo]] = _table()
+
+
+class Rule(NamedTuple):
+    """One row of an adapter's exception table: a driver exception (optionally refined by
+    `match`, for a message prefix, a SQLSTATE or an S3 error code) becomes `to`."""
+
+    driver: type[BaseException] | tuple[type[BaseException], ...]
+    to: type[DarkroomError]
+    reason: str
+    match: Callable[[BaseException], bool] | None = None
+
+
+def classify(rules: Sequence[Rule], exc: BaseException) -> DarkroomError | None:
+    """The first matching row's error (message keeps the driver's words), else None."""
+    for rule in rules:
+        if isinstance(exc, rule.driver) and (rule.match is None or rule.match(exc)):
+            message = f"{rule.reason}: {type(exc).__name__}: {exc}"[:1000]
+            return rule.to(message, reason=rule.reason)
+    return None
+
+
+@contextlib.contextmanager
+def map_exceptions(rules: Sequence[Rule]) -> Iterator[None]:
+    """httpcore's shape: translate driver exceptions at the adapter's edge, `from exc`."""
+    try:
+        yield
+    except DarkroomError:
+        raise
+    except Exception as exc:
+        mapped = classify(rules, exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+
+
+def translated(
+    rules: Sequence[Rule],
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Decorator form of map_exceptions for an adapter's async methods."""
+
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(fn)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            with map_exceptions(rules):
+                return await fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
 
 
 def first_error(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -26,6 +26,7 @@ from darkroom.errors import (
     first_error,
 )
 from darkroom.health import DEPENDENCIES, Gate
+from darkroom.inflight import InFlight
 from darkroom.messages import DeadLetter, Entry, parse_task
 from darkroom.pipeline import RenderResult
 from darkroom.renderer import render_isolated
@@ -38,6 +39,9 @@ log = structlog.get_logger("darkroom.jobs")
 # A dependency error while the dependency answers its probe (a dropped connection, say)
 # is retried in place this many times before it counts as the photo's failure.
 IN_PLACE_RETRIES = 2
+# The shielded failure record (SQL, then its Redis half) gives up after this long; the
+# entry then stays pending and is reclaimed, so a hung dependency cannot hang a stop.
+RECORD_DEADLINE_S = 20.0
 
 
 def rendition_key(photo_id: uuid.UUID, name: str, ext: str) -> str:
@@ -57,16 +61,15 @@ class Jobs:
     gate: Gate
     limiter: anyio.CapacityLimiter
     stopping: anyio.Event
-    # Entries being worked on, whose idle time the heartbeat keeps resetting. An entry
-    # leaves before its backoff is set, so a late heartbeat cannot cancel the delay.
-    active: set[str] = field(default_factory=set)
+    # The worker's in-flight entries (their owner); an entry is settled before its
+    # backoff is set, so a late heartbeat cannot cancel the delay.
+    in_flight: InFlight
 
     async def handle(self, entry: Entry, deliveries: int) -> None:
         started = time.monotonic()
         bound = log.bind(
             entry_id=entry.id, photo_id=entry.fields.get("photo_id"), attempt=deliveries
         )
-        self.active.add(entry.id)
         try:
             outcome = await self._resilient(entry, deliveries)
             metrics.OUTCOMES.labels(outcome).inc()
@@ -79,8 +82,6 @@ class Jobs:
             bound.exception("unexpected error")
             error = InternalError(f"{type(exc).__name__}: {exc}")
             await self._fail(entry, deliveries, error, bound)
-        finally:
-            self.active.discard(entry.id)
 
     async def _resilient(self, entry: Entry, deliveries: int) -> str:
         """Process and ack; dependency errors are retried in place, outages waited out."""
@@ -182,12 +183,16 @@ class Jobs:
             cap_ms=self.settings.claim_idle_ms,
         )
         final = isinstance(decision, policy.DeadLetter)
-        self.active.discard(entry.id)
+        self.in_flight.settle(entry.id)
         metrics.FAILURES.labels(exc.code, str(final).lower()).inc()
         bound = bound.bind(error_code=exc.code, error=str(exc))
-        # Shielded: the SQL record and its Redis half must not be split by a shutdown.
-        with anyio.CancelScope(shield=True):
+        # Shielded: the SQL record and its Redis half must not be split by a shutdown;
+        # with a deadline, so a hung dependency cannot hold the stop forever.
+        with anyio.CancelScope(shield=True) as scope:
+            scope.deadline = anyio.current_time() + RECORD_DEADLINE_S
             await self._record(entry, deliveries, exc, decision, bound)
+        if scope.cancelled_caught:
+            bound.error("recording the failure timed out; left pending for reclaim")
 
     async def _record(
         self,
@@ -214,7 +219,7 @@ class Jobs:
     async def _retry_later(self, entry: Entry, exc: DarkroomError, delay_ms: int) -> None:
         photo_id = _photo_id(entry)
         if photo_id is not None:
-            await db.record_retry(self.pool, photo_id, exc.code, str(exc), delay_ms)
+            await db.record_retry(self.pool, photo_id, entry.id, exc.code, str(exc), delay_ms)
         idle_ms = policy.preset_idle_ms(self.settings.claim_idle_ms, delay_ms)
         await self.streams.backoff(entry.id, idle_ms)
 
@@ -223,7 +228,7 @@ class Jobs:
         photo is already terminal or gone: its one dead letter, if any, exists already."""
         photo_id = _photo_id(entry)
         if photo_id is not None and not await db.record_failure(
-            self.pool, photo_id, exc.code, str(exc)
+            self.pool, photo_id, entry.id, exc.code, str(exc)
         ):
             await self.streams.ack(entry.id)
             return False

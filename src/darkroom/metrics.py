@@ -7,7 +7,9 @@ worker is taking work) on DARKROOM_METRICS_PORT; 0 turns the server off.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
@@ -33,7 +35,10 @@ DELETED_WHILE_PENDING = Counter(
 )
 
 
-async def serve(port: int, ready: Callable[[], bool]) -> asyncio.Server:
+Readiness = Callable[[], tuple[bool, dict[str, Any]]]
+
+
+async def serve(port: int, ready: Readiness) -> asyncio.Server:
     """A minimal HTTP/1.0 responder; enough for Prometheus and container health checks."""
 
     async def respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -52,16 +57,14 @@ async def serve(port: int, ready: Callable[[], bool]) -> asyncio.Server:
     return await asyncio.start_server(respond, "0.0.0.0", port)
 
 
-def _route(path: str, ready: Callable[[], bool]) -> tuple[str, str, bytes]:
+def _route(path: str, ready: Readiness) -> tuple[str, str, bytes]:
     if path.startswith("/metrics"):
         return "200 OK", CONTENT_TYPE_LATEST, generate_latest()
     if path.startswith("/livez"):
         return "200 OK", "text/plain", b"ok\n"
     if path.startswith("/readyz"):
-        ok = ready()
-        return (
-            ("200 OK" if ok else "503 Service Unavailable"),
-            "text/plain",
-            b"ok\n" if ok else b"not ready\n",
-        )
+        # 503 names what is wrong: {"down": {"queue": "read_only: ..."}, "stopping": false}
+        ok, detail = ready()
+        body = json.dumps(detail, sort_keys=True).encode() + b"\n"
+        return ("200 OK" if ok else "503 Service Unavailable"), "application/json", body
     return "404 Not Found", "text/plain", b"not found\n"

@@ -89,6 +89,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_port: int = 0
     log_format: Literal["json", "console"] = "json"
     log_level: str = "info"
+    # Entries held at once (downloading, waiting for a render slot, uploading); 0 means
+    # 2 × concurrency. Render slots stay `concurrency`: the extra entries keep them fed.
+    max_in_flight: int = 0
+
+    @property
+    def in_flight_bound(self) -> int:
+        return self.max_in_flight or 2 * self.concurrency
 
 
 T = TypeVar("T")
@@ -169,6 +176,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "metrics_port": _port,
     "log_format": _choice("json", "console"),
     "log_level": _choice("debug", "info", "warning", "error"),
+    "max_in_flight": _positive(int),
 }
 
 
@@ -195,6 +203,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     settings = Settings(**values)
     if settings.read_block_ms > 5000:
         raise SettingsError("DARKROOM_READ_BLOCK_MS", "must be at most 5000")
+    if settings.max_in_flight and settings.max_in_flight < settings.concurrency:
+        raise SettingsError("DARKROOM_MAX_IN_FLIGHT", "must be at least DARKROOM_CONCURRENCY")
     if settings.dead_letter_stream == settings.stream:
         raise SettingsError("DARKROOM_DEAD_LETTER_STREAM", "must differ from DARKROOM_STREAM")
     if hash_tag(settings.stream) != hash_tag(settings.dead_letter_stream):

@@ -1,8 +1,9 @@
 """Object storage: one small port, a local-folder backend and an S3 backend (aioboto3).
 
 Keys are relative paths (`originals/<id>/...`, `renditions/<id>/<name>.<ext>`). Backends
-raise OriginalMissingError for an absent object, OriginalTooLargeError past the byte cap
-and StorageUnavailableError for everything else.
+raise OriginalMissingError for an absent object, OriginalTooLargeError past the byte cap,
+ObjectForbiddenError for one object denied while the bucket answers, and
+StorageUnavailableError (an outage) for everything else.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from darkroom.errors import OriginalMissingError, OriginalTooLargeError, StorageUnavailableError
+from darkroom import errors
+from darkroom.errors import (
+    ObjectForbiddenError,
+    OriginalMissingError,
+    OriginalTooLargeError,
+    Rule,
+    StorageUnavailableError,
+)
 
 CONTENT_TYPES = {
     "webp": "image/webp",
@@ -26,13 +34,16 @@ CONTENT_TYPES = {
 }
 
 
+PROBE_KEY = ".darkroom-probe"
+
+
 class Storage(Protocol):
     async def get(self, key: str, max_bytes: int) -> bytes: ...
 
     async def put(self, key: str, data: bytes, content_type: str) -> None: ...
 
     async def probe(self) -> None:
-        """Raise StorageUnavailableError unless the backend answers at all."""
+        """Raise StorageUnavailableError unless the worker can write and read an object."""
 
     async def aclose(self) -> None: ...
 
@@ -78,13 +89,57 @@ class FileStorage:
             raise StorageUnavailableError(f"writing {key}: {exc}") from exc
 
     async def probe(self) -> None:
+        """Write and read back a small object: a read-only or full disk fails it."""
         try:
-            await anyio.Path(self.root).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
+            await self.put(PROBE_KEY, b"darkroom", "text/plain")
+            await anyio.Path(self._path(PROBE_KEY)).read_bytes()
+        except (OSError, OriginalMissingError) as exc:
             raise StorageUnavailableError(f"storage folder {self.root}: {exc}") from exc
 
     async def aclose(self) -> None:
         return None
+
+
+def _s3_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def _status(exc: BaseException) -> int:
+    response = getattr(exc, "response", None) or {}
+    return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def _codes(*codes: str) -> Any:
+    return lambda exc: _s3_code(exc) in codes
+
+
+DENIED = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+          "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled", "AccountProblem",
+          "Forbidden", "403")  # fmt: skip
+THROTTLED = ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+             "TooManyRequests", "RequestTimeout", "RequestTimeTooSkewed", "503")  # fmt: skip
+
+
+def _s3_rules() -> tuple[Rule, ...]:
+    """What each S3 failure says about the bucket, first match wins. `access_denied` is
+    an outage only if the bucket probe is denied too (see S3Storage._denied)."""
+    from botocore import exceptions as bx
+
+    S = StorageUnavailableError
+    credentials = (bx.NoCredentialsError, bx.PartialCredentialsError, bx.CredentialRetrievalError)
+    timeouts = (bx.ConnectTimeoutError, bx.ReadTimeoutError, TimeoutError)
+    connection = (bx.EndpointConnectionError, bx.ConnectionClosedError, bx.HTTPClientError, OSError)
+    return (
+        Rule(bx.ClientError, S, "access_denied", _codes(*DENIED)),
+        Rule(bx.ClientError, S, "throttled", _codes(*THROTTLED)),
+        Rule(bx.ClientError, S, "no_such_bucket", _codes("NoSuchBucket")),
+        Rule(bx.ClientError, S, "server_error", lambda exc: _status(exc) >= 500),
+        Rule(credentials, S, "credentials"),
+        Rule(timeouts, S, "timeout"),
+        Rule(connection, S, "connection"),
+        Rule(Exception, S, "error"),  # any other answer: the boundary translates all
+    )
 
 
 class S3Storage:
@@ -92,54 +147,61 @@ class S3Storage:
 
     def __init__(self, client: Any, stack: contextlib.AsyncExitStack, bucket: str, prefix: str):
         self.client, self._stack, self.bucket, self.prefix = client, stack, bucket, prefix
+        self.rules = _s3_rules()
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}{key}"
 
     async def get(self, key: str, max_bytes: int) -> bytes:
         try:
+            with errors.map_exceptions(self.rules):
+                return await self._get(key, max_bytes)
+        except StorageUnavailableError as exc:
+            raise await self._denied(key, exc) from exc.__cause__
+
+    async def _get(self, key: str, max_bytes: int) -> bytes:
+        try:
             response = await self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-            size = int(response.get("ContentLength") or 0)
-            async with response["Body"] as body:
-                if size > max_bytes:
-                    raise _too_large(key, size, max_bytes)
-                return bytes(await body.read())
         except self.client.exceptions.NoSuchKey as exc:
             raise OriginalMissingError(f"no object at s3://{self.bucket}/{self._key(key)}") from exc
-        except OriginalTooLargeError:
-            raise
-        except Exception as exc:  # botocore/aiohttp errors: the boundary translates all
-            raise StorageUnavailableError(f"reading {key}: {_describe(exc)}") from exc
+        size = int(response.get("ContentLength") or 0)
+        async with response["Body"] as body:
+            if size > max_bytes:
+                raise _too_large(key, size, max_bytes)
+            return bytes(await body.read())
 
     async def put(self, key: str, data: bytes, content_type: str) -> None:
         try:
-            await self.client.put_object(
-                Bucket=self.bucket, Key=self._key(key), Body=data, ContentType=content_type
-            )
-        except Exception as exc:
-            raise StorageUnavailableError(f"writing {key}: {_describe(exc)}") from exc
+            with errors.map_exceptions(self.rules):
+                await self.client.put_object(
+                    Bucket=self.bucket, Key=self._key(key), Body=data, ContentType=content_type
+                )
+        except StorageUnavailableError as exc:
+            raise await self._denied(key, exc) from exc.__cause__
+
+    async def _denied(self, key: str, exc: StorageUnavailableError) -> Exception:
+        """A denied object while the bucket probe passes is that photo's own failure; a
+        denied probe too (revoked credentials, a bucket policy) is an outage."""
+        if exc.reason != "access_denied":
+            return exc
+        try:
+            await self.probe()
+        except StorageUnavailableError:
+            return exc
+        return ObjectForbiddenError(f"access denied to {key} while the bucket answers: {exc}")
 
     async def probe(self) -> None:
-        """Any HTTP answer below 500 (404, or 403 without s3:ListBucket) means S3 is up."""
-        try:
-            await self.client.head_object(Bucket=self.bucket, Key=self._key(".darkroom-probe"))
-        except Exception as exc:
-            status = _status(exc)
-            if status is None or status >= 500:
-                raise StorageUnavailableError(f"probe: {_describe(exc)}") from exc
+        """Write and read back a small object under the prefix: what the worker needs
+        (a HEAD answers 403 or 404 alike when access is gone)."""
+        with errors.map_exceptions(self.rules):
+            key = self._key(PROBE_KEY)
+            await self.client.put_object(Bucket=self.bucket, Key=key, Body=b"darkroom")
+            response = await self.client.get_object(Bucket=self.bucket, Key=key)
+            async with response["Body"] as body:
+                await body.read()
 
     async def aclose(self) -> None:
         await self._stack.aclose()
-
-
-def _status(exc: Exception) -> int | None:
-    response = getattr(exc, "response", None) or {}
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return int(status) if status else None
-
-
-def _describe(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc}"[:500]
 
 
 async def open_storage(url: str, endpoint_url: str | None = None) -> Storage:

@@ -9,32 +9,65 @@ QueueUnavailableError here.
 from __future__ import annotations
 
 import contextlib
-import functools
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import redis.asyncio as redis
-from redis.exceptions import RedisError, ResponseError
+from redis import exceptions as rx
 
-from darkroom.errors import QueueUnavailableError
+from darkroom import errors
+from darkroom.errors import QueueUnavailableError, Rule
 from darkroom.messages import Entry
 
-P = ParamSpec("P")
-R = TypeVar("R")
+
+def _prefix(*words: str) -> Any:
+    return lambda exc: str(exc).startswith(words)
 
 
-def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return await fn(*args, **kwargs)
-        except (RedisError, OSError) as exc:
-            raise QueueUnavailableError(f"{type(exc).__name__}: {exc}") from exc
+Q = QueueUnavailableError
+# What each Redis failure says about Redis, first match wins. Every row is an outage of
+# the queue (the entry keeps its delivery while the gate waits); the reason names it.
+ERRORS: tuple[Rule, ...] = (
+    Rule(rx.ReadOnlyError, Q, "read_only"),  # a demoted primary (failover)
+    Rule(rx.BusyLoadingError, Q, "loading"),  # a restarted node reading its dataset
+    Rule(rx.MasterDownError, Q, "master_down"),  # a replica that lost its primary
+    Rule((rx.ClusterDownError, rx.TryAgainError, rx.SlotNotCoveredError), Q, "cluster_down"),
+    Rule(rx.OutOfMemoryError, Q, "out_of_memory"),  # maxmemory reached
+    Rule((rx.AuthenticationError, rx.AuthorizationError), Q, "auth"),
+    Rule(rx.NoPermissionError, Q, "no_permission"),  # ACL revoked
+    Rule(rx.ResponseError, Q, "misconf", _prefix("MISCONF")),  # RDB/AOF write failing
+    Rule(rx.ResponseError, Q, "wrong_type", _prefix("WRONGTYPE")),  # a key of another type
+    Rule(rx.ResponseError, Q, "no_group", _prefix("NOGROUP")),
+    Rule((rx.TimeoutError, TimeoutError), Q, "timeout"),
+    Rule((rx.ConnectionError, OSError), Q, "connection"),
+    Rule(rx.RedisError, Q, "error"),
+)
+translated = errors.translated(ERRORS)
 
-    return wrapper
+# Heartbeat and backoff touch only entries this consumer still owns: a stale worker must
+# not take back an entry another consumer has reclaimed. XPENDING + XCLAIM in one script
+# (atomic, and one slot: Cluster-safe). KEYS[1] stream; ARGV group, consumer, idle ms
+# ('' = now), ids... Returns the ids it refreshed.
+_REFRESH_OWNED = """
+local owned = {}
+for i = 4, #ARGV do
+  local row = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if type(row) == 'table' and row.err then
+    if string.find(row.err, 'NOGROUP', 1, true) then return {} end
+    return row
+  end
+  if row[1] and row[1][2] == ARGV[2] then owned[#owned + 1] = ARGV[i] end
+end
+if #owned == 0 then return {} end
+local args = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
+for _, id in ipairs(owned) do args[#args + 1] = id end
+if ARGV[3] ~= '' then args[#args + 1] = 'IDLE'; args[#args + 1] = ARGV[3] end
+args[#args + 1] = 'JUSTID'
+return redis.call(unpack(args))
+"""
 
 
-def _no_group(exc: ResponseError) -> bool:
+def _no_group(exc: rx.ResponseError) -> bool:
     """Redis lost the group (restarted empty): the entry is gone, Postgres will recover it."""
     return str(exc).startswith("NOGROUP")
 
@@ -44,7 +77,7 @@ def _group_may_be_gone() -> Iterator[None]:
     """Acting on an entry of a group Redis lost is a no-op, not an error."""
     try:
         yield
-    except ResponseError as exc:
+    except rx.ResponseError as exc:
         if not _no_group(exc):
             raise
 
@@ -79,12 +112,13 @@ class Streams:
         self.client, self.stream, self.group, self.consumer = client, stream, group, consumer
         self.dead_stream, self.dead_maxlen = dead_stream, dead_maxlen
         self._cursor = "0-0"
+        self._refresh: Any = None
 
     @translated
     async def ensure_group(self) -> None:
         try:
             await self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
-        except ResponseError as exc:
+        except rx.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
 
@@ -113,8 +147,21 @@ class Streams:
         return [e for e in _entries(claimed) if e.fields]
 
     @translated
-    async def ping(self) -> None:
-        await self.client.ping()
+    async def probe(self) -> None:
+        """What the worker needs, not just an answer: a write in the stream's slot (a
+        replica answers READONLY, a full server OOM, a revoked ACL NOPERM, a failing disk
+        MISCONF, a loading node LOADING)."""
+        await self.client.set(f"{self.stream}:probe:{self.consumer}", "1", px=10_000)
+
+    async def reconnect(self) -> None:
+        """Drop idle connections so the next command connects anew: to the new primary
+        after a failover (DNS or Sentinel), or past a connection stuck on a demoted node."""
+        with contextlib.suppress(rx.RedisError, OSError):
+            pool = getattr(self.client, "connection_pool", None)
+            if pool is not None:
+                await pool.disconnect(inuse_connections=False)
+            else:  # a cluster client re-reads the topology on its next command
+                await self.client.aclose()
 
     @translated
     async def reclaim(self, min_idle_ms: int, count: int) -> tuple[list[Entry], list[str]]:
@@ -134,21 +181,22 @@ class Streams:
         return int(rows[0]["times_delivered"]) if rows else 0
 
     @translated
-    async def heartbeat(self, entry_ids: Sequence[str]) -> None:
-        """Reset idle time of in-flight entries so no other consumer steals them."""
-        if entry_ids:
-            with _group_may_be_gone():
-                await self.client.xclaim(
-                    self.stream, self.group, self.consumer, 0, list(entry_ids), justid=True
-                )
+    async def heartbeat(self, entry_ids: Sequence[str]) -> set[str]:
+        """Reset the idle time of in-flight entries this consumer still owns, so no other
+        consumer steals them; returns those refreshed (an entry missing was taken over)."""
+        return await self._refresh_owned(entry_ids, "") if entry_ids else set()
 
     @translated
-    async def backoff(self, entry_id: str, idle_ms: int) -> None:
-        """Leave the entry pending, looking `idle_ms` old, without counting a delivery."""
-        with _group_may_be_gone():
-            await self.client.xclaim(
-                self.stream, self.group, self.consumer, 0, [entry_id], idle=idle_ms, justid=True
-            )
+    async def backoff(self, entry_id: str, idle_ms: int) -> bool:
+        """Leave the entry pending, looking `idle_ms` old, without counting a delivery;
+        False if another consumer owns it now (its backoff is not ours to set)."""
+        return bool(await self._refresh_owned([entry_id], str(idle_ms)))
+
+    async def _refresh_owned(self, entry_ids: Sequence[str], idle_ms: str) -> set[str]:
+        if self._refresh is None:
+            self._refresh = self.client.register_script(_REFRESH_OWNED)
+        args = [self.group, self.consumer, idle_ms, *entry_ids]
+        return {str(i) for i in await self._refresh(keys=[self.stream], args=args)}
 
     @translated
     async def ack(self, entry_id: str) -> None:
@@ -171,7 +219,7 @@ class Streams:
             pipe.xdel(self.stream, entry_id)
             replies = await pipe.execute(raise_on_error=False)
         for reply in replies:
-            if isinstance(reply, ResponseError) and not _no_group(reply):
+            if isinstance(reply, rx.ResponseError) and not _no_group(reply):
                 raise reply
         return str(replies[0])
 

@@ -1,16 +1,19 @@
-"""Orchestration: intake (own pending, reclaim, new reads) into free slots, one task per
-entry, the heartbeat of in-flight entries, the Postgres sweep, and the graceful stop.
-The only module that creates task groups.
+"""Orchestration: intake (own pending, reclaim, new reads) into free in-flight places, one
+task per entry, the heartbeat of in-flight entries, the Postgres sweep, and the graceful
+stop. The only module that creates task groups.
 
-Ordering hazards: never read more entries than there are free slots; stop between reads,
-never cancel a read in flight; take no new work while a dependency is down.
+Ordering hazards: never read more entries than there are free places; never run one entry
+twice at once; stop between reads, never cancel a read in flight; take no new work while
+a dependency is down; every loop that retries backs off and logs a repeat at most every
+few seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import structlog
@@ -18,9 +21,11 @@ from anyio.abc import TaskGroup
 
 from darkroom import db, metrics, sweeper
 from darkroom.errors import DarkroomError
-from darkroom.health import DEPENDENCIES, Gate
+from darkroom.health import DEPENDENCIES, Clock, Gate, RealClock
+from darkroom.inflight import InFlight
 from darkroom.jobs import Jobs
 from darkroom.messages import Entry
+from darkroom.pacing import Backoff, Throttle
 from darkroom.settings import Settings
 from darkroom.storage import Storage
 from darkroom.streams import Streams
@@ -28,6 +33,8 @@ from darkroom.streams import Streams
 log = structlog.get_logger("darkroom.worker")
 
 RECLAIM_EVERY_S = 0.5
+REPEAT_LOG_EVERY_S = 10.0
+DRAIN_SWEEP_TRIES = 3
 
 
 @dataclass
@@ -36,32 +43,40 @@ class Worker:
     pool: db.Pool
     streams: Streams
     storage: Storage
+    clock: Clock = field(default_factory=RealClock)
     stopping: anyio.Event = field(default_factory=anyio.Event)
-    in_flight: set[str] = field(default_factory=set)
+    # Set when `run --drain` ended without a final sweep that succeeded: exit non-zero.
+    drain_failed: DarkroomError | None = None
     _changed: anyio.Event = field(default_factory=anyio.Event)
     _next_reclaim: float = 0.0
+    _drain_sweep_failures: int = 0
 
     def __post_init__(self) -> None:
+        self.in_flight = InFlight(self.settings.in_flight_bound)
         self.gate = Gate(
             {
-                "queue": self.streams.ping,
-                "database": lambda: db.ping(self.pool),
+                "queue": self.streams.probe,
+                "database": lambda: db.probe(self.pool),
                 "storage": self.storage.probe,
             },
+            {"queue": self.streams.reconnect, "database": lambda: db.reconnect(self.pool)},
             self.stopping,
+            clock=self.clock,
         )
-        limiter = anyio.CapacityLimiter(self.settings.concurrency)
-        self.jobs = Jobs(
-            self.settings, self.pool, self.streams, self.storage, self.gate, limiter, self.stopping
-        )
+        render_slots = anyio.CapacityLimiter(self.settings.concurrency)
+        self.jobs = Jobs(self.settings, self.pool, self.streams, self.storage, self.gate,
+                         render_slots, self.stopping, self.in_flight)  # fmt: skip
 
     def stop(self) -> None:
         """First signal: stop reading; in-flight photos finish within the grace period."""
         self.stopping.set()
         self._notify()
 
-    def ready(self) -> bool:
-        return not self.stopping.is_set() and self.gate.is_open()
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """For /readyz: ready, else which dependency is down and why, or stopping."""
+        down = dict(self.gate.down)
+        ok = not self.stopping.is_set() and not down
+        return ok, {"ready": ok, "stopping": self.stopping.is_set(), "down": down}
 
     async def run(self, *, drain: bool = False) -> None:
         async with anyio.create_task_group() as services:
@@ -72,55 +87,57 @@ class Worker:
                 with anyio.move_on_after(self.settings.shutdown_grace_s):
                     await self._wait(lambda: not self.in_flight)
                 if self.in_flight:
-                    log.warning("grace period over; left pending", entries=sorted(self.in_flight))
+                    log.warning("grace period over; left pending", entries=self.in_flight.ids())
                 jobs.cancel_scope.cancel()
             services.cancel_scope.cancel()
 
     # -- intake ---------------------------------------------------------------------------
 
-    def _free(self) -> int:
-        return self.settings.concurrency - len(self.in_flight)
-
     async def _intake(self, jobs: TaskGroup, drain: bool) -> None:
-        """Read until stopped (or drained); an outage pauses it, never ends it."""
-        started = False
+        """Read until stopped (or drained); an outage pauses it, never ends it, and a
+        failing step is retried with capped backoff, never at once."""
+        started, backoff, throttle = False, Backoff(), Throttle(REPEAT_LOG_EVERY_S)
         while not self.stopping.is_set():
             try:
                 if not started:
                     await self.streams.ensure_group()
                     # Only at start: later, what this consumer holds is in flight or backing off.
-                    await self._dispatch(jobs, await self.streams.read_own_pending(self._free()))
+                    own = await self.streams.read_own_pending(self.in_flight.free())
+                    await self._dispatch(jobs, own)
                     started = True
                 if await self._intake_step(jobs, drain):
                     return
+                backoff.reset()
+                throttle.clear()
             except DarkroomError as exc:
-                log.warning("intake call failed", error_code=exc.code, error=str(exc))
-                await self._recover(exc)
+                self._say_repeat(throttle, "intake call failed", exc)
+                await self._recover(exc, backoff)
 
-    async def _recover(self, exc: DarkroomError) -> None:
-        """Wait out the outage, then re-create the group (Redis may have restarted empty) and
-        refresh in-flight entries at once, before other consumers see them idle."""
-        if exc.stage in DEPENDENCIES:
-            await self.gate.wait(exc.stage)
+    async def _recover(self, exc: DarkroomError, backoff: Backoff) -> None:
+        """Wait out an outage, or back off when the dependency answers its probe (the call
+        failed for another reason); then re-create the group (Redis may have restarted
+        empty) and refresh in-flight entries at once, before other consumers see them idle."""
+        if exc.stage in DEPENDENCIES and await self.gate.wait(exc.stage):
+            backoff.reset()
         else:
-            await anyio.sleep(1)
+            await self.clock.sleep(backoff.next_s(), self.stopping)
         with contextlib.suppress(DarkroomError):
             await self.streams.ensure_group()
-            await self.streams.heartbeat(sorted(self.jobs.active))
+            await self.streams.heartbeat(self.in_flight.heartbeat_ids())
 
     async def _intake_step(self, jobs: TaskGroup, drain: bool) -> bool:
-        """Reclaim and read once into the free slots; True once drained."""
+        """Reclaim and read once into the free places; True once drained."""
         await self._wait(
-            lambda: (self._free() > 0 and self.gate.is_open()) or self.stopping.is_set()
+            lambda: (self.in_flight.free() > 0 and self.gate.is_open()) or self.stopping.is_set()
         )
         if self.stopping.is_set():
             return False
-        if time.monotonic() >= self._next_reclaim:
+        if self.clock.now() >= self._next_reclaim:
             await self._reclaim(jobs)
-            self._next_reclaim = time.monotonic() + RECLAIM_EVERY_S
-            if self._free() == 0:
+            self._next_reclaim = self.clock.now() + RECLAIM_EVERY_S
+            if self.in_flight.free() == 0:
                 return False
-        entries = await self.streams.read_new(self._free(), self._block_ms(drain))
+        entries = await self.streams.read_new(self.in_flight.free(), self._block_ms(drain))
         await self._dispatch(jobs, entries, fresh=True)
         return drain and not entries and await self._drained()
 
@@ -129,13 +146,25 @@ class Worker:
         return min(self.settings.read_block_ms, 500) if drain else self.settings.read_block_ms
 
     async def _drained(self) -> bool:
-        """Nothing in flight or pending, and Postgres knows of no lost photo to re-enqueue."""
+        """Nothing in flight or pending, and Postgres knows of no lost photo to re-enqueue.
+        A final sweep that keeps failing ends the drain as failed (exit non-zero)."""
         if self.in_flight or await self.streams.pending_count():
             return False
-        return not await self._sweep_once()
+        try:
+            swept = await self._sweep()
+        except DarkroomError as exc:
+            self._drain_sweep_failures += 1
+            if self._drain_sweep_failures < DRAIN_SWEEP_TRIES:
+                raise
+            self.drain_failed = exc
+            log.error("final sweep failed; drain incomplete", error_code=exc.code, error=str(exc))
+            return True
+        self._drain_sweep_failures = 0
+        return not swept
 
     async def _reclaim(self, jobs: TaskGroup) -> None:
-        entries, deleted = await self.streams.reclaim(self.settings.claim_idle_ms, self._free())
+        free = self.in_flight.free()
+        entries, deleted = await self.streams.reclaim(self.settings.claim_idle_ms, free)
         metrics.RECLAIMED.inc(len(entries))
         await self._dispatch(jobs, entries)
         if deleted:
@@ -155,21 +184,29 @@ class Worker:
         self, jobs: TaskGroup, entries: list[Entry], *, fresh: bool = False
     ) -> None:
         for entry in entries:
-            deliveries = 1 if fresh else await self.streams.deliveries(entry.id)
-            self.in_flight.add(entry.id)
+            if not self.in_flight.admit(entry.id):
+                # Our own entry, reclaimed because it looked idle (a heartbeat lost in an
+                # outage): it is being worked on already; never run it twice at once.
+                log.info("reclaimed an entry already in flight; not started twice",
+                         entry_id=entry.id)  # fmt: skip
+                continue
             metrics.IN_FLIGHT.set(len(self.in_flight))
+            try:
+                deliveries = 1 if fresh else await self.streams.deliveries(entry.id)
+            except DarkroomError:
+                self.in_flight.release(entry.id)
+                raise
             jobs.start_soon(self._run_one, entry, deliveries)
 
     async def _run_one(self, entry: Entry, deliveries: int) -> None:
         try:
             await self.jobs.handle(entry, deliveries)
         finally:
-            self.in_flight.discard(entry.id)
+            self.in_flight.release(entry.id)
             metrics.IN_FLIGHT.set(len(self.in_flight))
             self._notify()
 
-    async def _wait(self, condition: object) -> None:
-        assert callable(condition)
+    async def _wait(self, condition: Callable[[], bool]) -> None:
         while not condition():
             with anyio.move_on_after(1):  # the gate reopens without a notification
                 await self._changed.wait()
@@ -178,31 +215,52 @@ class Worker:
         self._changed.set()
         self._changed = anyio.Event()
 
+    def _say_repeat(self, throttle: Throttle, event: str, exc: DarkroomError) -> None:
+        quiet = throttle.allow(f"{exc.code}:{exc.reason}", self.clock.now())
+        if quiet is not None:
+            log.warning(event, error_code=exc.code, reason=exc.reason, error=str(exc),
+                        repeats_not_logged=quiet)  # fmt: skip
+
     # -- background loops -------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
         """Keep in-flight entries young so no other consumer steals a slow photo."""
         period_s = min(self.settings.claim_idle_ms / 3000, 10.0)
+        throttle = Throttle(REPEAT_LOG_EVERY_S)
         while True:
             await anyio.sleep(period_s)
+            ids = self.in_flight.heartbeat_ids()
             try:
-                await self.streams.heartbeat(sorted(self.jobs.active))
+                kept = await self.streams.heartbeat(ids)
             except DarkroomError as exc:
-                log.warning("heartbeat failed", error=str(exc))
+                self._say_repeat(throttle, "heartbeat failed", exc)
+                continue
+            throttle.clear()
+            lost = [i for i in ids if i not in kept and i in self.in_flight]
+            if lost:
+                log.info("entries taken over by another consumer; not refreshed", entries=lost)
 
     async def _sweep_loop(self) -> None:
         period_s = max(1.0, min(self.settings.sweep_after_s / 2, 60.0))
+        backoff = Backoff(period_s, 8 * period_s)
+        delay_s = period_s
         while True:
-            await anyio.sleep(period_s)
+            await anyio.sleep(delay_s)
+            delay_s = period_s
             if self.gate.is_open() and not self.stopping.is_set():
-                await self._sweep_once()
+                try:
+                    await self._sweep()
+                    backoff.reset()
+                except DarkroomError:
+                    delay_s = backoff.next_s()
 
-    async def _sweep_once(self) -> int:
+    async def _sweep(self) -> int:
+        """One pass; its failure is logged and raised (the loop backs off, a drain counts)."""
         try:
             photos = await sweeper.sweep(self.pool, self.streams, self.settings.sweep_after_s)
         except DarkroomError as exc:
-            log.warning("sweep failed", error=str(exc))
-            return 0
+            log.warning("sweep failed", error_code=exc.code, reason=exc.reason, error=str(exc))
+            raise
         if photos:
             metrics.REQUEUED.labels("sweep").inc(len(photos))
             log.warning("swept lost photos back into the stream", count=len(photos))

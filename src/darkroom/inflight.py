@@ -1,0 +1,43 @@
+"""The one owner of this worker's in-flight entries: which entries it holds (never one
+twice), which of them the heartbeat keeps young, and how many more it may take
+(DARKROOM_MAX_IN_FLIGHT). Render slots are the renderer's; this counts entries.
+"""
+
+from __future__ import annotations
+
+
+class InFlight:
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self._entries: dict[str, bool] = {}  # entry id → the heartbeat keeps it young
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self._entries
+
+    def free(self) -> int:
+        return max(0, self.bound - len(self._entries))
+
+    def admit(self, entry_id: str) -> bool:
+        """Hold `entry_id`; False if it is already held (a reclaim of our own entry)."""
+        if entry_id in self._entries:
+            return False
+        self._entries[entry_id] = True
+        return True
+
+    def settle(self, entry_id: str) -> None:
+        """Its outcome is being recorded: the heartbeat must leave it alone from now on (a
+        late heartbeat would cancel a retry's backoff)."""
+        if entry_id in self._entries:
+            self._entries[entry_id] = False
+
+    def release(self, entry_id: str) -> None:
+        self._entries.pop(entry_id, None)
+
+    def heartbeat_ids(self) -> list[str]:
+        return sorted(i for i, young in self._entries.items() if young)
+
+    def ids(self) -> list[str]:
+        return sorted(self._entries)

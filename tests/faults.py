@@ -1,0 +1,117 @@
+"""Test servers for production faults: a spare redis-server (to demote, fill or lock
+down), an S3 proxy that answers 403 AccessDenied on demand, and a controlled clock."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import subprocess
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import redis
+
+from tests.conftest import free_port
+
+DENIED_XML = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
+    b"<Message>Access Denied</Message><RequestId>darkroom-test</RequestId></Error>"
+)
+
+
+class FakeClock:
+    """Time that moves only when a loop sleeps; `on_sleep(n)` runs at the n-th sleep."""
+
+    def __init__(self, on_sleep: Callable[[int], Awaitable[None]] | None = None) -> None:
+        self.t, self.sleeps, self.on_sleep = 1000.0, list[float](), on_sleep
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float, until: anyio.Event) -> None:
+        self.sleeps.append(seconds)
+        self.t += seconds
+        if self.on_sleep is not None:
+            await self.on_sleep(len(self.sleeps))
+        await anyio.lowlevel.checkpoint()
+
+
+def spare_redis(tmp: Path) -> Iterator[int]:
+    """A redis-server of our own on a free loopback port (fixture body)."""
+    port = free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    argv += ["--appendonly", "no", "--dir", str(tmp)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline, "spare redis-server did not start"
+            time.sleep(0.05)
+    yield port
+    client.close()
+    proc.terminate()
+    proc.wait(10)
+
+
+class DenyingS3Proxy:
+    """Forwards HTTP to an S3 endpoint; `deny(predicate)` answers 403 AccessDenied (S3's
+    own XML) to every request the predicate picks, as a revoked key or bucket policy does."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.denies: Callable[[str, str], bool] = lambda method, path: False
+        self.denied = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _relay(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if proxy.denies(self.command, self.path):
+                    proxy.denied += 1
+                    self._answer(403, {"Content-Type": "application/xml"}, DENIED_XML)
+                    return
+                conn = http.client.HTTPConnection(host, int(port), timeout=30)
+                conn.request(self.command, self.path, body, dict(self.headers))
+                response = conn.getresponse()
+                data = response.read()
+                headers = {k: v for k, v in response.getheaders()
+                           if k.lower() not in ("transfer-encoding", "connection")}  # fmt: skip
+                conn.close()
+                self._answer(response.status, headers, data)
+
+            def _answer(self, status: int, headers: dict[str, str], data: bytes) -> None:
+                self.send_response(status)
+                for key, value in headers.items():
+                    if key.lower() != "content-length":
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _relay
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def deny(self, predicate: Callable[[str, str], bool]) -> None:
+        self.denies = predicate
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

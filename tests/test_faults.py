@@ -1,0 +1,391 @@
+"""Production faults, in-process against real servers: each driver error is classified by
+what it says about the dependency; probes exercise writes; the gate waits an outage out
+with capped backoff and a bounded number of log lines (a controlled clock); heartbeats
+and retries touch only what this consumer owns."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+import redis
+import redis.asyncio
+from redis import exceptions as rx
+from structlog.testing import capture_logs
+
+from darkroom import db, errors, storage, streams
+from darkroom.errors import (
+    DatabaseUnavailableError,
+    ObjectForbiddenError,
+    QueueUnavailableError,
+    StorageUnavailableError,
+)
+from darkroom.health import Gate
+from darkroom.inflight import InFlight
+from darkroom.pacing import Backoff, Throttle
+from darkroom.streams import Streams
+from tests.conftest import AWS_ENV, PG_BASE, REDIS_URL, free_port
+from tests.faults import DenyingS3Proxy, FakeClock, spare_redis
+
+
+@pytest.fixture
+def spare(tmp_path: Path) -> Iterator[int]:
+    yield from spare_redis(tmp_path)
+
+
+def _streams(client: Any, consumer: str = "c1") -> Streams:
+    tag = uuid.uuid4().hex[:8]
+    return Streams(client, f"{{f{tag}}}:photos", "darkroom", consumer, f"{{f{tag}}}:dead")
+
+
+@pytest.fixture
+async def spare_streams(spare: int) -> AsyncIterator[Streams]:
+    client = redis.asyncio.Redis(port=spare, decode_responses=True)
+    s = _streams(client)
+    await s.ensure_group()
+    yield s
+    await client.aclose()
+
+
+# -- the tables ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "reason"),
+    [
+        (rx.ReadOnlyError("You can't write against a read only replica."), "read_only"),
+        (rx.BusyLoadingError("Redis is loading the dataset in memory"), "loading"),
+        (rx.MasterDownError("Link with MASTER is down"), "master_down"),
+        (rx.ClusterDownError("The cluster is down"), "cluster_down"),
+        (rx.TryAgainError("Multiple keys request during rehashing"), "cluster_down"),
+        (rx.OutOfMemoryError("used memory > 'maxmemory'"), "out_of_memory"),
+        (rx.NoPermissionError("this user has no permissions"), "no_permission"),
+        (rx.AuthenticationError("invalid username-password pair"), "auth"),
+        (rx.ResponseError("MISCONF Redis is configured to save RDB snapshots"), "misconf"),
+        (rx.ResponseError("WRONGTYPE Operation against a key of the wrong kind"), "wrong_type"),
+        (rx.TimeoutError("Timeout reading from socket"), "timeout"),
+        (rx.ConnectionError("Connection refused"), "connection"),
+        (ConnectionResetError("reset by peer"), "connection"),
+    ],
+)  # fmt: skip
+def test_every_redis_fault_is_a_queue_outage_with_its_reason(exc: Exception, reason: str) -> None:
+    """Each Redis failure becomes queue_unavailable, naming what happened."""
+    mapped = errors.classify(streams.ERRORS, exc)
+    assert isinstance(mapped, QueueUnavailableError) and mapped.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("exc", "reason"),
+    [
+        (asyncpg.ReadOnlySQLTransactionError("cannot execute UPDATE in a read-only transaction"),
+         "read_only"),
+        (asyncpg.InvalidPasswordError("password authentication failed"), "auth"),
+        (asyncpg.InvalidAuthorizationSpecificationError('role "x" is not permitted'), "auth"),
+        (asyncpg.InsufficientPrivilegeError("permission denied for table photos"),
+         "permission_denied"),
+        (asyncpg.CannotConnectNowError("the database system is starting up"), "starting_up"),
+        (asyncpg.AdminShutdownError("terminating connection due to administrator command"),
+         "shutdown"),
+        (asyncpg.TooManyConnectionsError("too many clients already"), "too_many_connections"),
+        (asyncpg.ConnectionDoesNotExistError("connection was closed"), "connection"),
+        (OSError("Connection refused"), "connection"),
+    ],
+)  # fmt: skip
+def test_every_postgres_fault_is_a_database_outage(exc: Exception, reason: str) -> None:
+    """Failover, credentials, shutdown and connection errors are database outages; a bad
+    statement is not."""
+    mapped = errors.classify(db.ERRORS, exc)
+    assert isinstance(mapped, DatabaseUnavailableError) and mapped.reason == reason
+    bug = errors.classify(db.ERRORS, asyncpg.UndefinedColumnError("column x does not exist"))
+    assert bug is not None and bug.code == "internal_error"
+
+
+# -- Redis: real faults on a spare server --------------------------------------------------
+
+
+async def test_demoted_redis_fails_the_probe_and_every_write_as_read_only(
+    spare: int, spare_streams: Streams
+) -> None:
+    """A primary turned replica answers PING but refuses writes: the probe says read_only."""
+    admin = redis.Redis(port=spare)
+    admin.replicaof("127.0.0.1", free_port())  # a primary that never answers
+    try:
+        assert await spare_streams.client.ping()
+        for call in (spare_streams.probe(), spare_streams.read_new(1, 10)):
+            with pytest.raises(QueueUnavailableError) as caught:
+                await call
+            assert caught.value.reason == "read_only"
+    finally:
+        admin.replicaof("NO", "ONE")
+    await spare_streams.probe()
+
+
+async def test_full_or_locked_down_redis_fails_the_probe(
+    spare: int, spare_streams: Streams
+) -> None:
+    """maxmemory reached: out_of_memory; an ACL without write rights: no_permission."""
+    admin = redis.Redis(port=spare)
+    admin.set("ballast", "x" * 100_000)
+    admin.config_set("maxmemory", "1")
+    with pytest.raises(QueueUnavailableError) as caught:
+        await spare_streams.probe()
+    assert caught.value.reason == "out_of_memory"
+    admin.config_set("maxmemory", "0")
+    admin.acl_setuser(
+        "reader", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@read", "+ping"]
+    )
+    client = redis.asyncio.Redis(port=spare, username="reader", password="pw")
+    try:
+        with pytest.raises(QueueUnavailableError) as caught:
+            await Streams(
+                client, spare_streams.stream, "darkroom", "c", spare_streams.dead_stream
+            ).probe()
+        assert caught.value.reason == "no_permission"
+    finally:
+        await client.aclose()
+
+
+async def test_gate_waits_out_a_demoted_redis_with_capped_backoff_and_few_logs(
+    spare: int, spare_streams: Streams
+) -> None:
+    """Demoted for 12 probes: the gate sleeps 0.25 s doubling to a 10 s cap, reconnects
+    between probes, logs down/back and at most one 'still down' per 30 s, then reopens."""
+    admin = redis.Redis(port=spare)
+    admin.replicaof("127.0.0.1", free_port())
+    reconnects = 0
+
+    async def reconnect() -> None:
+        nonlocal reconnects
+        reconnects += 1
+        await spare_streams.reconnect()
+
+    async def promote(sleeps: int) -> None:
+        if sleeps == 12:
+            admin.replicaof("NO", "ONE")
+
+    clock = FakeClock(promote)
+    gate = Gate({"queue": spare_streams.probe}, {"queue": reconnect}, anyio.Event(),
+                clock=clock, rand=lambda: 1.0)  # fmt: skip
+    with capture_logs() as logs:
+        assert await gate.wait("queue") is True
+    assert clock.sleeps == [0.25, 0.5, 1, 2, 4, 8] + [10] * 6
+    assert reconnects == 12 and gate.is_open()
+    events = [e["event"] for e in logs]
+    assert events[0] == "dependency down: pausing intake" and logs[0]["reason"] == "read_only"
+    assert events[-1] == "dependency back: resuming"
+    assert events.count("dependency still down") <= 3
+
+
+async def test_gate_reports_the_reason_while_down_and_a_healthy_probe_returns_at_once(
+    spare: int, spare_streams: Streams
+) -> None:
+    """While down, `down` names the dependency and reason (/readyz shows it); a dependency
+    whose probe passes is not an outage at all."""
+    admin = redis.Redis(port=spare)
+    admin.replicaof("127.0.0.1", free_port())
+    seen: dict[str, str] = {}
+
+    async def look(sleeps: int) -> None:
+        seen.update(gate.down)
+        admin.replicaof("NO", "ONE")
+
+    gate = Gate({"queue": spare_streams.probe}, {}, anyio.Event(), clock=FakeClock(look))
+    assert await gate.wait("queue") is True
+    assert seen["queue"].startswith("read_only: ")
+    assert await gate.wait("queue") is False
+
+
+async def test_two_waiters_one_prober(spare: int, spare_streams: Streams) -> None:
+    """Many photos caught in one outage: one task probes, the others wait for it."""
+    admin = redis.Redis(port=spare)
+    admin.replicaof("127.0.0.1", free_port())
+    probes = 0
+
+    async def probe() -> None:
+        nonlocal probes
+        probes += 1
+        await spare_streams.probe()
+
+    async def promote(sleeps: int) -> None:
+        if sleeps == 3:
+            admin.replicaof("NO", "ONE")
+        await asyncio.sleep(0.05)
+
+    gate = Gate({"queue": probe}, {}, anyio.Event(), clock=FakeClock(promote))
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(gate.wait, "queue")
+    assert probes <= 5 + 4, "waiters probe at most once each before joining the outage"
+    assert gate.is_open()
+
+
+# -- Redis: ownership races ------------------------------------------------------------------
+
+
+async def test_a_stale_heartbeat_or_backoff_cannot_take_back_a_reclaimed_entry() -> None:
+    """A reclaimed B's entry: A's heartbeat and backoff refresh nothing and B keeps it,
+    its delivery count unchanged; B's own heartbeat refreshes it."""
+    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    a = _streams(client, "a")
+    b = Streams(client, a.stream, "darkroom", "b", a.dead_stream)
+    try:
+        await a.ensure_group()
+        entry = await a.enqueue({"photo_id": str(uuid.uuid4())})
+        assert [e.id for e in await a.read_new(1, 10)] == [entry]
+        await client.xclaim(a.stream, "darkroom", "b", 0, [entry])  # B reclaims it
+        assert await a.heartbeat([entry]) == set()
+        assert await a.backoff(entry, 5_000) is False
+        [row] = await client.xpending_range(a.stream, "darkroom", entry, entry, 1)
+        assert (row["consumer"], row["times_delivered"]) == ("b", 2)
+        assert row["time_since_delivered"] < 1_000, "A's backoff did not age B's entry"
+        assert await b.heartbeat([entry]) == {entry}
+        assert await b.backoff(entry, 5_000) is True
+        [row] = await client.xpending_range(a.stream, "darkroom", entry, entry, 1)
+        assert row["time_since_delivered"] >= 5_000 and row["times_delivered"] == 2
+    finally:
+        await client.delete(a.stream, a.dead_stream)
+        await client.aclose()
+
+
+async def test_heartbeat_of_a_lost_group_is_a_no_op() -> None:
+    """Redis restarted empty: the heartbeat refreshes nothing and raises nothing."""
+    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        assert await _streams(client).heartbeat(["1-0"]) == set()
+    finally:
+        await client.aclose()
+
+
+def test_in_flight_holds_an_entry_once_and_settled_entries_leave_the_heartbeat() -> None:
+    """Never one entry twice; a settled entry is not heartbeated; free places add up."""
+    slots = InFlight(3)
+    assert slots.admit("1-0") and slots.admit("2-0") and not slots.admit("1-0")
+    assert slots.free() == 1 and slots.heartbeat_ids() == ["1-0", "2-0"]
+    slots.settle("1-0")
+    assert slots.heartbeat_ids() == ["2-0"] and "1-0" in slots
+    slots.release("1-0")
+    assert slots.free() == 2 and slots.ids() == ["2-0"]
+
+
+def test_backoff_is_capped_and_the_throttle_counts_what_it_kept_quiet() -> None:
+    """Delays double to the cap; a repeated failure is said once per 10 s with a count, and
+    at once when it changes."""
+    backoff = Backoff(0.25, 10.0, rand=lambda: 1.0)
+    assert [backoff.next_s() for _ in range(8)] == [0.25, 0.5, 1, 2, 4, 8, 10, 10]
+    throttle = Throttle(10.0)
+    said = [throttle.allow("read_only", t / 10) for t in range(0, 250)]  # 25 s, every 0.1 s
+    assert [q for q in said if q is not None] == [0, 99, 99]
+    assert throttle.allow("loading", 25.0) == 49
+
+
+# -- PostgreSQL: real faults -----------------------------------------------------------------
+
+
+async def _admin(sql: str) -> None:
+    conn = await asyncpg.connect(f"{PG_BASE}/postgres")
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def test_read_only_postgres_is_an_outage_and_reconnect_recovers(database_url: str) -> None:
+    """default_transaction_read_only (what a failover to a reader looks like): the probe and
+    every claim say read_only; after it is lifted, reconnect + probe pass."""
+    name = database_url.rsplit("/", 1)[1]
+    await _admin(f"ALTER DATABASE {name} SET default_transaction_read_only = on")
+    pool = await db.connect(database_url, 2)
+    try:
+        for call in (db.probe(pool), db.claim(pool, uuid.uuid4(), "1-0", "c")):
+            with pytest.raises(DatabaseUnavailableError) as caught:
+                await call
+            assert caught.value.reason == "read_only"
+        await _admin(f"ALTER DATABASE {name} RESET default_transaction_read_only")
+        with pytest.raises(DatabaseUnavailableError):
+            await db.probe(pool)  # the old sessions are still read-only
+        await db.reconnect(pool)
+        await db.probe(pool)
+    finally:
+        await pool.close()
+
+
+async def test_revoked_login_and_grants_are_database_outages(database_url: str) -> None:
+    """A role that may not log in: auth; one without grants on darkroom's tables:
+    permission_denied, for the probe and for a claim."""
+    role = f"darkroom_r_{uuid.uuid4().hex[:8]}"
+    await _admin(f"CREATE ROLE {role} NOLOGIN")
+    try:
+        url = database_url.replace("postgres@", f"{role}@")
+        pool = await db.connect(url, 1)
+        try:
+            with pytest.raises(DatabaseUnavailableError) as caught:
+                await db.probe(pool)
+            assert caught.value.reason == "auth"
+            await _admin(f"ALTER ROLE {role} LOGIN")
+            for call in (db.probe(pool), db.claim(pool, uuid.uuid4(), "1-0", "c")):
+                with pytest.raises(DatabaseUnavailableError) as caught:
+                    await call
+                assert caught.value.reason == "permission_denied"
+        finally:
+            await pool.close()
+    finally:
+        await _admin(f"DROP ROLE {role}")
+
+
+# -- S3: denied bucket vs one denied object --------------------------------------------------
+
+
+@pytest.fixture
+async def denying(
+    s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[DenyingS3Proxy, Any]]:
+    for key, value in AWS_ENV.items():
+        monkeypatch.setenv(key, value)
+    proxy = DenyingS3Proxy(s3_endpoint)
+    store = await storage.open_storage(f"s3://{s3_bucket}/p", proxy.url)
+    try:
+        yield proxy, store
+    finally:
+        await store.aclose()
+        proxy.close()
+
+
+async def test_s3_denying_everything_is_an_outage(denying: tuple[DenyingS3Proxy, Any]) -> None:
+    """Revoked credentials or a bucket policy (403 on every request): the probe fails and a
+    download is storage_unavailable (access_denied), not the photo's failure."""
+    proxy, store = denying
+    await store.put("originals/a.jpg", b"abc", "image/jpeg")
+    await store.probe()
+    proxy.deny(lambda method, path: True)
+    for call in (
+        store.probe(),
+        store.get("originals/a.jpg", 100),
+        store.put("r/x", b"1", "image/webp"),
+    ):
+        with pytest.raises(StorageUnavailableError) as caught:
+            await call
+        assert caught.value.reason == "access_denied"
+    proxy.deny(lambda method, path: False)
+    assert await store.get("originals/a.jpg", 100) == b"abc"
+
+
+async def test_s3_denying_one_object_is_that_photos_own_failure(
+    denying: tuple[DenyingS3Proxy, Any],
+) -> None:
+    """One object under another KMS key (403 for it alone): object_forbidden, while the
+    probe passes and other objects download."""
+    proxy, store = denying
+    await store.put("originals/a.jpg", b"abc", "image/jpeg")
+    await store.put("originals/b.jpg", b"def", "image/jpeg")
+    proxy.deny(lambda method, path: method == "GET" and path.endswith("/originals/b.jpg"))
+    with pytest.raises(ObjectForbiddenError) as caught:
+        await store.get("originals/b.jpg", 100)
+    assert caught.value.code == "object_forbidden" and caught.value.stage != "storage"
+    assert await store.get("originals/a.jpg", 100) == b"abc"
+    await store.probe()

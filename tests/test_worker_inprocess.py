@@ -1,0 +1,96 @@
+"""The worker's own bookkeeping, in-process against the real servers with a controlled
+clock: an entry is never run twice at once, and a drain whose final sweep keeps failing
+ends as failed instead of reporting success."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+import redis
+import redis.asyncio
+
+from darkroom import db, sweeper
+from darkroom.errors import InternalError
+from darkroom.messages import Entry, task_fields
+from darkroom.settings import Settings
+from darkroom.storage import FileStorage
+from darkroom.streams import Streams
+from darkroom.worker import Worker
+from tests.conftest import REDIS_URL, Env
+from tests.faults import FakeClock
+
+
+@pytest.fixture
+async def worker(database_url: str, tmp_path: Path) -> AsyncIterator[Worker]:
+    tag = uuid.uuid4().hex[:8]
+    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    streams = Streams(client, f"{{w{tag}}}:photos", "darkroom", "w1", f"{{w{tag}}}:dead")
+    pool = await db.connect(database_url, 4)
+    settings = Settings(concurrency=1, read_block_ms=100, stream=streams.stream,
+                        dead_letter_stream=streams.dead_stream)  # fmt: skip
+    await streams.ensure_group()
+    yield Worker(settings, pool, streams, FileStorage(tmp_path / "storage"), clock=FakeClock())
+    await client.delete(streams.stream, streams.dead_stream)
+    await client.aclose()
+    await pool.close()
+
+
+async def test_an_entry_already_in_flight_is_not_started_twice(worker: Worker) -> None:
+    """XAUTOCLAIM can hand a consumer its own in-flight entry (its heartbeat was lost):
+    the intake skips it, so the photo is claimed once, not twice at once."""
+    photo_id = uuid.uuid4()
+    await db.insert_photo(worker.pool, photo_id, "originals/x.jpg")
+    entry_id = await worker.streams.enqueue(task_fields(photo_id))
+    entry = Entry(entry_id, task_fields(photo_id))
+    assert worker.in_flight.admit(entry_id)
+    async with anyio.create_task_group() as tg:
+        await worker._dispatch(tg, [entry])
+    assert len(worker.in_flight) == 1
+    assert await worker.pool.fetchval("SELECT count(*) FROM photo_jobs") == 0
+
+
+async def test_drain_ends_failed_when_the_final_sweep_keeps_failing(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The final sweep of `run --drain` is retried with backoff, then the drain is marked
+    failed (the CLI exits 1) instead of claiming everything was finished."""
+    calls = 0
+
+    async def broken_sweep(*args: object) -> list[uuid.UUID]:
+        nonlocal calls
+        calls += 1
+        raise InternalError("sweep exploded")
+
+    monkeypatch.setattr(sweeper, "sweep", broken_sweep)
+    with anyio.fail_after(30):
+        await worker.run(drain=True)
+    assert calls == 3
+    assert worker.drain_failed is not None and worker.drain_failed.code == "internal_error"
+    assert isinstance(worker.clock, FakeClock) and len(worker.clock.sleeps) == 2
+
+
+def test_run_drain_exits_non_zero_when_its_final_sweep_fails(file_env: Env) -> None:
+    """Through the CLI, with a real fault: a Redis user that may not XRANGE (the sweep's
+    read) but may do all the worker's other work: exit 1, saying the drain is incomplete."""
+    # a photo committed an hour ago whose XADD never happened: the sweep must look
+    lost = (
+        "INSERT INTO photos (id, original_key, updated_at) VALUES ($1, 'x', now() - interval '1h')"
+    )
+    file_env.query(lost, uuid.uuid4())
+    user = f"darkroom_{uuid.uuid4().hex[:8]}"
+    admin = redis.Redis.from_url(REDIS_URL)
+    admin.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"],
+                      commands=["+@all", "-xrange"])  # fmt: skip
+    try:
+        url = REDIS_URL.replace("redis://", f"redis://{user}:pw@")
+        result = file_env.cli("run", "--drain", check=False, DARKROOM_REDIS_URL=url,
+                              DARKROOM_SWEEP_AFTER_S="1")  # fmt: skip
+    finally:
+        admin.acl_deluser(user)
+        admin.close()
+    assert result.returncode == 1, result.stderr
+    assert "final sweep failed; drain incomplete" in result.stderr
