@@ -60,7 +60,10 @@ def corpus(tmp: Path, rng: random.Random) -> list[tuple[Path, str]]:
 
 
 class Chaos:
-    """Runs SCHEDULE plus the kills for WINDOW_S (or until all is done); records each fault."""
+    """Runs SCHEDULE plus the kills for WINDOW_S (or until all is done, and at least until
+    every event ran and every fault was lifted); records each fault. An event waits while a
+    failover is open and failover.TAIL_S after it (a slow ingest must not push the next
+    chunk's ingest, which needs Redis and PostgreSQL, into a window)."""
 
     def __init__(self, rig: Rig, rng: random.Random, chunks: list[Any], expected: dict[str, str]):
         self.rig, self.rng, self.chunks, self.expected = rig, rng, chunks, expected
@@ -68,6 +71,7 @@ class Chaos:
         self.lifts: list[tuple[float, Callable[[], None]]] = []
         self.frozen: int | None = None
         self.spared = 0
+        self.quiet_until = 0.0  # no event before (seconds into the run)
 
     def ingest(self, chunk: list[tuple[Path, str]]) -> None:
         ids = self.rig.ingest([path for path, _ in chunk])
@@ -88,12 +92,12 @@ class Chaos:
     def run(self) -> float:
         t0, events, next_kill, next_check = time.monotonic(), list(SCHEDULE), 1.0, 0.0
         self.t0 = time.time()
-        while (now := time.monotonic() - t0) < WINDOW_S:
+        while (now := time.monotonic() - t0) < WINDOW_S or events or self.lifts:
             self.rig.tend()
             for item in [x for x in self.lifts if x[0] <= now]:
                 self.lifts.remove(item)
                 item[1]()
-            if events and events[0][0] <= now:
+            if events and events[0][0] <= now and now >= self.quiet_until:
                 self.inject(events.pop(0)[1], now)
             elif now >= next_kill:
                 self.kill()
@@ -151,6 +155,7 @@ class Chaos:
         before = self.rig.extra_deliveries()
         info = failover.open_window(self.rig, kind)
         lift_at = now + failover.FAILOVER_S[kind]
+        self.quiet_until = lift_at + failover.TAIL_S
         self.fault(kind, lift_at, lambda: failover.close_window(self.rig, kind), **info)
         fault = self.faults[-1]
 
