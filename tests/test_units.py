@@ -114,7 +114,7 @@ LAYERS = {
     "errors": set(),
     "renderer": {"errors", "pipeline", "settings"},
     "health": {"errors", "metrics"},
-    "sweeper": {"db", "messages", "streams"},
+    "sweeper": {"db", "messages", "metrics", "streams"},
 }
 IO_LIBRARIES = {"redis", "asyncpg", "aioboto3", "anyio", "botocore"}
 
