@@ -330,18 +330,18 @@ async def stale_photos(
     return [dict(r) for r in await conn.fetch(STALE_SQL, before, limit, *after)]
 
 
+# Served by photo_jobs_stream_entry_idx.
+ENTRIES_SQL = """
+SELECT j.photo_id FROM photo_jobs j JOIN photos p ON p.id = j.photo_id
+WHERE j.stream_entry = ANY($1::text[])
+  AND p.processing_state IN ('uploaded', 'processing')
+"""
+
+
 @translated
 async def photos_of_entries(pool: Pool, entry_ids: list[str]) -> list[uuid.UUID]:
     """Unfinished photos whose job was last delivered through one of these entries."""
-    rows = await pool.fetch(
-        """
-        SELECT j.photo_id FROM photo_jobs j JOIN photos p ON p.id = j.photo_id
-        WHERE j.stream_entry = ANY($1::text[])
-          AND p.processing_state IN ('uploaded', 'processing')
-        """,
-        entry_ids,
-    )
-    return [row["photo_id"] for row in rows]
+    return [row["photo_id"] for row in await pool.fetch(ENTRIES_SQL, entry_ids)]
 
 
 REQUEUED_SQL = """
