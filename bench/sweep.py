@@ -124,6 +124,7 @@ async def one_pass(pool: db.Pool, streams: Streams) -> dict[str, Any]:
         db.stale_photos = original  # type: ignore[assignment]
     return {
         "pass_s": time.perf_counter() - started,
+        "load": os.getloadavg()[0],
         "pages": len(pages) - 1,  # the last query finds the empty page
         "scanned": int(metrics.SWEEP_SCANNED._value.get() - scanned_before),
         "requeued": len(requeued),
@@ -209,6 +210,7 @@ def report(n: int, load_s: float, run: dict[str, Any], old: dict[str, float], te
         "| figure | value |",
         "|---|---:|",
         f"| pass time | **{run['pass_s']:.2f} s** (target ≤ 15 s) |",
+        f"| machine load average (1 min) right after the pass | {run['load']:.1f} |",
         f"| pages | {run['pages']:,} |",
         f"| photos scanned (`darkroom_sweep_scanned_total`) | {run['scanned']:,} |",
         f"| photos re-enqueued (must be 0) | {run['requeued']} |",
