@@ -54,14 +54,21 @@ CREATE INDEX IF NOT EXISTS photo_jobs_unfinished_idx
 -- change in db.py sets it (claim, publish, retry, failure, requeue, reset); a new row gets
 -- now(). The sweep pages over (last_activity_at, id) of unfinished photos through
 -- photos_sweep_idx, so each page costs O(page) whatever the backlog. Idempotent on a
--- database with rows: the backfill only touches rows still NULL.
-ALTER TABLE photos ADD COLUMN IF NOT EXISTS last_activity_at timestamptz;
-UPDATE photos p SET last_activity_at = greatest(p.updated_at, coalesce(
-        (SELECT j.updated_at FROM photo_jobs j WHERE j.photo_id = p.id AND j.type = 'process'),
-        p.updated_at))
-    WHERE p.last_activity_at IS NULL;
-ALTER TABLE photos ALTER COLUMN last_activity_at SET DEFAULT now();
-ALTER TABLE photos ALTER COLUMN last_activity_at SET NOT NULL;
+-- database with rows: the column is added and backfilled (from the photo's and its job's
+-- updated_at, as the old sweep computed it) only when it is missing, so a re-run takes no
+-- lock on photos and scans nothing.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'photos'::regclass
+                   AND attname = 'last_activity_at' AND NOT attisdropped) THEN
+        ALTER TABLE photos ADD COLUMN IF NOT EXISTS last_activity_at timestamptz;
+        UPDATE photos p SET last_activity_at = greatest(p.updated_at, coalesce(
+            (SELECT j.updated_at FROM photo_jobs j
+             WHERE j.photo_id = p.id AND j.type = 'process'), p.updated_at));
+        ALTER TABLE photos ALTER COLUMN last_activity_at SET DEFAULT now(),
+                           ALTER COLUMN last_activity_at SET NOT NULL;
+    END IF;
+END $$;
 CREATE INDEX IF NOT EXISTS photos_sweep_idx
     ON photos (last_activity_at, id) WHERE processing_state IN ('uploaded', 'processing');
 -- superseded by photos_sweep_idx (it served the old sweep, which no longer reads updated_at)
