@@ -106,19 +106,21 @@ async def test_every_state_change_moves_last_activity(pool: db.Pool) -> None:
     await db.insert_photo(pool, photo_id, "originals/x")
     assert await moved(pool, photo_id), "a new photo starts with now()"
     changes = [
-        lambda: db.claim(pool, photo_id, "1-0", "w"),
-        lambda: db.record_retry(pool, photo_id, "timeout", "slow", 1000),
-        lambda: db.record_requeued(pool, photo_id, "2-0"),
-        lambda: db.record_failure(pool, photo_id, "corrupt_image", "bad"),
-        lambda: db.reset_failed(pool, photo_id),
-        lambda: db.claim(pool, photo_id, "3-0", "w"),
-        lambda: db.publish(pool, photo_id, FACTS, "[]"),
+        (lambda: db.claim(pool, photo_id, "1-0", "w"), "processing"),
+        (lambda: db.record_retry(pool, photo_id, "timeout", "slow", 1000), "processing"),
+        (lambda: db.record_requeued(pool, photo_id, "2-0"), "processing"),
+        (lambda: db.record_failure(pool, photo_id, "corrupt_image", "bad"), "processing_failed"),
+        (lambda: db.reset_failed(pool, photo_id), "uploaded"),
+        (lambda: db.claim(pool, photo_id, "3-0", "w"), "processing"),
+        (lambda: db.publish(pool, photo_id, FACTS, "[]"), "processed"),
     ]
-    for change in changes:
+    for change, state in changes:
         await aged(pool, photo_id)
         await change()
-        assert await moved(pool, photo_id), change
-    assert await db.photo_state(pool, photo_id) == "processed"
+        assert await db.photo_state(pool, photo_id) == state
+        assert await moved(pool, photo_id), state
+    job = "SELECT state FROM photo_jobs WHERE photo_id = $1"
+    assert await pool.fetchval(job, photo_id) == "done"
 
 
 async def test_a_retry_does_not_wait_for_a_locked_photo(pool: db.Pool) -> None:
