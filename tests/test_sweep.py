@@ -54,12 +54,16 @@ async def test_sweep_reads_each_photo_once_across_pages_with_equal_timestamps(
     pool: db.Pool, streams: Streams, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Pages of 3 over 10 photos, 7 sharing one timestamp: every photo is read exactly once,
-    in (last_activity_at, id) order, and only those whose entry is gone are re-enqueued."""
+    in (last_activity_at, id) order, and only those whose entry is gone (deleted, or never
+    written) are re-enqueued."""
     monkeypatch.setattr(sweeper, "BATCH", 3)
     now = await pool.fetchval("SELECT now()")
     older, tied = now - timedelta(hours=2), now - timedelta(hours=1)
     kept = [await photo_at(pool, t, await streams.enqueue({"photo_id": "x"})) for t in [tied] * 4]
-    lost = [await photo_at(pool, t) for t in [older] * 3 + [tied] * 3]  # never delivered
+    lost = [await photo_at(pool, t) for t in [older] * 3 + [tied] * 2]  # never delivered
+    gone = await streams.enqueue({"photo_id": "x"})
+    await streams.client.xdel(streams.stream, gone)
+    lost.append(await photo_at(pool, tied, gone))  # its entry is no longer in the stream
     pages: list[list[uuid.UUID]] = []
     stale_photos = db.stale_photos
 
