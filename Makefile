@@ -50,6 +50,7 @@ chaos: $(STAMP) services
 
 bench: $(STAMP) services
 	$(BIN)/python bench/render.py --out docs/benchmarks.md
+	$(BIN)/python bench/sweep.py --out docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

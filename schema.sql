@@ -26,10 +26,6 @@ CREATE TABLE IF NOT EXISTS photos (
     )
 );
 
--- the sweeper's scan: photos not yet terminal, oldest first
-CREATE INDEX IF NOT EXISTS photos_unfinished_idx
-    ON photos (updated_at) WHERE processing_state IN ('uploaded', 'processing');
-
 CREATE TABLE IF NOT EXISTS photo_jobs (
     id             bigserial   PRIMARY KEY,
     photo_id       uuid        NOT NULL REFERENCES photos (id) ON DELETE CASCADE,
@@ -52,3 +48,31 @@ CREATE TABLE IF NOT EXISTS photo_jobs (
 
 CREATE INDEX IF NOT EXISTS photo_jobs_unfinished_idx
     ON photo_jobs (updated_at) WHERE state IN ('pending', 'active');
+
+-- ---- the sweep's keyset (issue 6, point 4) ------------------------------------------------
+-- photos.last_activity_at: the last sign of progress of the photo or its job. Every state
+-- change in db.py sets it (claim, publish, retry, failure, requeue, reset); a new row gets
+-- now(). The sweep pages over (last_activity_at, id) of unfinished photos through
+-- photos_sweep_idx, so each page costs O(page) whatever the backlog. Idempotent on a
+-- database with rows: the column is added and backfilled (from the photo's and its job's
+-- updated_at, as the old sweep computed it) only when it is missing, so a re-run takes no
+-- lock on photos and scans nothing.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'photos'::regclass
+                   AND attname = 'last_activity_at' AND NOT attisdropped) THEN
+        ALTER TABLE photos ADD COLUMN IF NOT EXISTS last_activity_at timestamptz;
+        UPDATE photos p SET last_activity_at = greatest(p.updated_at, coalesce(
+            (SELECT j.updated_at FROM photo_jobs j
+             WHERE j.photo_id = p.id AND j.type = 'process'), p.updated_at));
+        ALTER TABLE photos ALTER COLUMN last_activity_at SET DEFAULT now(),
+                           ALTER COLUMN last_activity_at SET NOT NULL;
+    END IF;
+END $$;
+CREATE INDEX IF NOT EXISTS photos_sweep_idx
+    ON photos (last_activity_at, id) WHERE processing_state IN ('uploaded', 'processing');
+-- superseded by photos_sweep_idx (it served the old sweep, which no longer reads updated_at)
+DROP INDEX IF EXISTS photos_unfinished_idx;
+-- photos_of_entries (entries deleted while pending) looks jobs up by their stream entry
+CREATE INDEX IF NOT EXISTS photo_jobs_stream_entry_idx ON photo_jobs (stream_entry);
+-- ---- end of the sweep's keyset ------------------------------------------------------------

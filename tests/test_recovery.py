@@ -128,7 +128,7 @@ def test_producer_crash_before_xadd_is_covered(file_env: Env) -> None:
     assert (
         file_env.query("SELECT processing_state FROM photos")[0]["processing_state"] == "uploaded"
     )
-    file_env.query("UPDATE photos SET updated_at = now() - interval '1 minute'")
+    file_env.query("UPDATE photos SET last_activity_at = now() - interval '1 minute'")
     file_env.cli("run", "--drain", DARKROOM_SWEEP_AFTER_S="30")
     assert state(file_env, photo_id)[:2] == ("processed", "published")
 

@@ -39,7 +39,8 @@ async def new_photo(pool: db.Pool, age_s: int = 0) -> uuid.UUID:
     photo_id = uuid.uuid4()
     await db.insert_photo(pool, photo_id, f"originals/{photo_id}")
     await pool.execute(
-        "UPDATE photos SET updated_at = now() - make_interval(secs => $2) WHERE id = $1",
+        "UPDATE photos SET updated_at = now() - make_interval(secs => $2),"
+        " last_activity_at = now() - make_interval(secs => $2) WHERE id = $1",
         photo_id,
         age_s,
     )
@@ -119,7 +120,7 @@ async def test_sweep_leaves_photos_queued_behind_a_backlog(store: Store) -> None
     await store.pool.execute("SELECT pg_sleep(0.01)")
     photo_id = await new_photo(store.pool, age_s=0)
     await store.pool.execute(
-        "UPDATE photos SET updated_at = now() + interval '1 minute' WHERE id = $1", photo_id
+        "UPDATE photos SET last_activity_at = now() + interval '1 minute' WHERE id = $1", photo_id
     )  # last activity after the backlog entry: it may well be queued behind it
     assert await sweeper.sweep(store.pool, store.streams, -3600) == []
 

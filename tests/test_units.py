@@ -114,7 +114,7 @@ LAYERS = {
     "errors": set(),
     "renderer": {"errors", "pipeline", "settings"},
     "health": {"errors", "metrics", "pacing"},
-    "sweeper": {"db", "messages", "streams"},
+    "sweeper": {"db", "messages", "metrics", "streams"},
     "pacing": set(),
     "inflight": set(),
 }

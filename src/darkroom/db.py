@@ -11,6 +11,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -131,7 +132,8 @@ WITH p AS (
         updated_at = now()
     RETURNING attempt
 ), photo AS (
-    UPDATE photos SET processing_state = 'processing', error_code = NULL, updated_at = now()
+    UPDATE photos SET processing_state = 'processing', error_code = NULL, updated_at = now(),
+        last_activity_at = now()
     FROM p WHERE photos.id = p.id AND NOT p.finished
 )
 SELECT p.original_key, p.finished, p.processing_state, job.attempt,
@@ -158,7 +160,7 @@ PUBLISH_SQL = """
 WITH photo AS (
     UPDATE photos SET processing_state = 'processed', visibility = 'published',
         width = $2, height = $3, format = $4, bytes = $5, renditions = $6::jsonb,
-        error_code = NULL, processed_at = now(), updated_at = now()
+        error_code = NULL, processed_at = now(), updated_at = now(), last_activity_at = now()
     WHERE id = $1 AND processing_state = 'processing'
     RETURNING id
 ), job AS (
@@ -191,9 +193,20 @@ async def publish(
 # Only the entry that owns the job records its retry: a stale delivery (whose photo was
 # re-enqueued through another entry since) changes nothing.
 RETRY_SQL = """
+WITH job AS (
 UPDATE photo_jobs SET state = 'pending', error_code = $2, last_error = $3,
     next_retry_at = now() + $4 * interval '1 millisecond', updated_at = now()
 WHERE photo_id = $1 AND type = 'process' AND state = 'active' AND stream_entry = $5
+RETURNING photo_id
+)
+-- The photo's last activity moves with its job (the sweeper's keyset column). Every other
+-- statement locks the photo before the job: SKIP LOCKED keeps this job-first one from
+-- deadlocking with them, and whoever holds the photo sets last_activity_at itself.
+, photo AS (
+UPDATE photos SET last_activity_at = now()
+WHERE id IN (SELECT id FROM photos WHERE id IN (SELECT photo_id FROM job) FOR UPDATE SKIP LOCKED)
+)
+SELECT count(*) FROM job
 """
 
 
@@ -202,8 +215,8 @@ async def record_retry(
     pool: Pool, photo_id: uuid.UUID, entry_id: str, code: str, message: str, delay_ms: int
 ) -> bool:
     """False when `entry_id` no longer owns the photo's job (nothing is changed then)."""
-    status = await pool.execute(RETRY_SQL, photo_id, code, message[:2000], delay_ms, entry_id)
-    return status != "UPDATE 0"
+    changed = await pool.fetchval(RETRY_SQL, photo_id, code, message[:2000], delay_ms, entry_id)
+    return bool(changed)
 
 
 # A final failure only through the entry that owns the job (or when no entry does yet):
@@ -211,7 +224,7 @@ async def record_retry(
 FAIL_SQL = """
 WITH photo AS (
     UPDATE photos SET processing_state = 'processing_failed', error_code = $2,
-        updated_at = now()
+        updated_at = now(), last_activity_at = now()
     WHERE id = $1 AND processing_state IN ('uploaded', 'processing')
       AND NOT EXISTS (
         SELECT 1 FROM photo_jobs
@@ -318,49 +331,58 @@ async def reconnect(pool: Pool) -> None:
     await pool.expire_connections()
 
 
-# Photos not terminal whose last sign of progress (photo or job row) is older than $1 s,
-# oldest first, one keyset page after ($3, $4).
+# Photos not terminal whose last sign of progress is before $1, oldest first, one keyset
+# page after ($3, $4). Served by photos_sweep_idx on (last_activity_at, id): the cost of a
+# page does not grow with the backlog (no sort of every unfinished photo).
 STALE_SQL = """
-SELECT * FROM (
-    SELECT p.id, j.stream_entry,
-           (extract(epoch FROM greatest(p.updated_at, coalesce(j.updated_at, p.updated_at)))
-            * 1000)::bigint AS last_activity_ms
-    FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
-    WHERE p.processing_state IN ('uploaded', 'processing')
-) stale
-WHERE last_activity_ms < (extract(epoch FROM now() - make_interval(secs => $1)) * 1000)::bigint
-  AND (last_activity_ms, id) > ($3, $4)
-ORDER BY last_activity_ms, id
+SELECT p.id, p.last_activity_at, j.stream_entry,
+       (extract(epoch FROM p.last_activity_at) * 1000)::bigint AS last_activity_ms
+FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
+WHERE p.processing_state IN ('uploaded', 'processing')
+  AND p.last_activity_at < $1
+  AND (p.last_activity_at, p.id) > ($3, $4)
+ORDER BY p.last_activity_at, p.id
 LIMIT $2
 """
 
-FIRST_PAGE = (-1, uuid.UUID(int=0))
+Cursor = tuple[datetime, uuid.UUID]
+FIRST_PAGE: Cursor = (datetime.min.replace(tzinfo=UTC), uuid.UUID(int=0))
+
+
+@translated
+async def sweep_horizon(conn: Connection, after_s: float) -> datetime:
+    """The database's now() minus `after_s`: a pass looks only at activity before it."""
+    horizon: datetime = await conn.fetchval("SELECT now() - make_interval(secs => $1)", after_s)
+    return horizon
 
 
 @translated
 async def stale_photos(
-    conn: Connection, after_s: float, limit: int, after: tuple[int, uuid.UUID] = FIRST_PAGE
+    conn: Connection, before: datetime, limit: int, after: Cursor = FIRST_PAGE
 ) -> list[dict[str, Any]]:
-    return [dict(r) for r in await conn.fetch(STALE_SQL, after_s, limit, *after)]
+    return [dict(r) for r in await conn.fetch(STALE_SQL, before, limit, *after)]
+
+
+# Served by photo_jobs_stream_entry_idx.
+ENTRIES_SQL = """
+SELECT j.photo_id FROM photo_jobs j JOIN photos p ON p.id = j.photo_id
+WHERE j.stream_entry = ANY($1::text[])
+  AND p.processing_state IN ('uploaded', 'processing')
+"""
 
 
 @translated
 async def photos_of_entries(pool: Pool, entry_ids: list[str]) -> list[uuid.UUID]:
     """Unfinished photos whose job was last delivered through one of these entries."""
-    rows = await pool.fetch(
-        """
-        SELECT j.photo_id FROM photo_jobs j JOIN photos p ON p.id = j.photo_id
-        WHERE j.stream_entry = ANY($1::text[])
-          AND p.processing_state IN ('uploaded', 'processing')
-        """,
-        entry_ids,
-    )
-    return [row["photo_id"] for row in rows]
+    return [row["photo_id"] for row in await pool.fetch(ENTRIES_SQL, entry_ids)]
 
 
 REQUEUED_SQL = """
+WITH photo AS (
+    UPDATE photos SET last_activity_at = now() WHERE id = $1 RETURNING id
+)
 INSERT INTO photo_jobs AS j (photo_id, type, state, stream_entry)
-SELECT $1, 'process', 'pending', $2 WHERE EXISTS (SELECT 1 FROM photos WHERE id = $1)
+SELECT id, 'process', 'pending', $2 FROM photo
 ON CONFLICT (photo_id, type) DO UPDATE SET
     -- a finished job keeps the entry it finished through (a failure's dead letter is
     -- finished from that entry alone); retry/replay reset the job to pending first
@@ -394,7 +416,8 @@ async def advisory_lock(pool: Pool, name: str) -> AsyncIterator[Connection | Non
 
 RESET_SQL = """
 WITH photo AS (
-    UPDATE photos SET processing_state = 'uploaded', error_code = NULL, updated_at = now()
+    UPDATE photos SET processing_state = 'uploaded', error_code = NULL, updated_at = now(),
+        last_activity_at = now()
     WHERE id = $1 AND processing_state = 'processing_failed'
     RETURNING id
 )

@@ -33,6 +33,12 @@ RECLAIMED = Counter("darkroom_reclaimed_total", "Entries taken over with XAUTOCL
 DELETED_WHILE_PENDING = Counter(
     "darkroom_deleted_while_pending_total", "Pending entries whose data was deleted"
 )
+SWEEP_SECONDS = Histogram(
+    "darkroom_sweep_seconds",
+    "Time of one full sweep pass over the stale unfinished photos",
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300),
+)
+SWEEP_SCANNED = Counter("darkroom_sweep_scanned_total", "Stale unfinished photos read by the sweep")
 
 
 Readiness = Callable[[], tuple[bool, dict[str, Any]]]

@@ -93,6 +93,16 @@ def connect(url: str) -> redis.Redis:
     )
 
 
+# The ids among ARGV that are not in the stream KEYS[1] (one key: valid on a cluster).
+MISSING_LUA = """
+local gone = {}
+for _, id in ipairs(ARGV) do
+    if #redis.call('XRANGE', KEYS[1], id, id, 'COUNT', 1) == 0 then gone[#gone + 1] = id end
+end
+return gone
+"""
+
+
 def _entries(raw: Iterable[Any]) -> list[Entry]:
     return [Entry(entry_id, dict(fields or {})) for entry_id, fields in raw]
 
@@ -244,12 +254,14 @@ class Streams:
 
     @translated
     async def missing(self, entry_ids: Sequence[str]) -> set[str]:
-        """Which of these entry ids are no longer in the work stream."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            for entry_id in entry_ids:
-                pipe.xrange(self.stream, entry_id, entry_id, count=1)
-            found = await pipe.execute()
-        return {i for i, hit in zip(entry_ids, found, strict=True) if not hit}
+        """Which of these entry ids are no longer in the work stream: one script call per
+        sweep page (an XRANGE per id, server-side), not one command per id."""
+        if not entry_ids:
+            return set()
+        gone: Any = await self.client.register_script(MISSING_LUA)(
+            keys=[self.stream], args=list(entry_ids)
+        )
+        return {str(i) for i in gone}
 
     @translated
     async def pending_count(self) -> int:

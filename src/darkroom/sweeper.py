@@ -11,9 +11,10 @@ pending. One worker sweeps at a time (a Postgres advisory lock).
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
-from darkroom import db
+from darkroom import db, metrics
 from darkroom.messages import task_fields
 from darkroom.streams import Streams
 
@@ -32,23 +33,37 @@ def is_lost(photo: dict[str, Any], oldest_entry_ms: int | None, missing: set[str
 
 
 async def sweep(pool: db.Pool, streams: Streams, after_s: float) -> list[uuid.UUID]:
-    """One full pass, page by page; returns the photos re-enqueued (none if another worker
-    holds the lock). Each re-enqueue commits on its own: a sweeper killed half-way leaves
-    at most one photo enqueued twice."""
-    lost: list[uuid.UUID] = []
+    """One full pass; returns the photos re-enqueued (none if another worker holds the
+    lock). Each re-enqueue commits on its own: a sweeper killed half-way leaves at most
+    one photo enqueued twice."""
     async with db.advisory_lock(pool, SWEEP_LOCK) as conn:
         if conn is None:
-            return lost
-        page = db.FIRST_PAGE
-        while stale := await db.stale_photos(conn, after_s, BATCH, page):
-            oldest = await streams.oldest_entry_ms()
-            entries = [p["stream_entry"] for p in stale if p["stream_entry"]]
-            missing = await streams.missing(entries)
-            for photo in stale:
-                if is_lost(photo, oldest, missing):
-                    await requeue(conn, streams, photo["id"])
-                    lost.append(photo["id"])
-            page = (stale[-1]["last_activity_ms"], stale[-1]["id"])
+            return []
+        with metrics.SWEEP_SECONDS.time():
+            return await _pass(conn, streams, await db.sweep_horizon(conn, after_s))
+
+
+async def _pass(conn: db.Connection, streams: Streams, before: datetime) -> list[uuid.UUID]:
+    """Keyset pages over (last_activity_at, id) below a horizon fixed at the start: each
+    stale photo is read once. A photo touched during the pass (by this sweep or a worker)
+    moves past the horizon (DARKROOM_SWEEP_AFTER_S > 0), so it is not read again."""
+    lost: list[uuid.UUID] = []
+    page = db.FIRST_PAGE
+    while stale := await db.stale_photos(conn, before, BATCH, page):
+        metrics.SWEEP_SCANNED.inc(len(stale))
+        lost += await _requeue_lost(conn, streams, stale)
+        page = (stale[-1]["last_activity_at"], stale[-1]["id"])
+    return lost
+
+
+async def _requeue_lost(
+    conn: db.Connection, streams: Streams, stale: list[dict[str, Any]]
+) -> list[uuid.UUID]:
+    oldest = await streams.oldest_entry_ms()
+    missing = await streams.missing([p["stream_entry"] for p in stale if p["stream_entry"]])
+    lost = [p["id"] for p in stale if is_lost(p, oldest, missing)]
+    for photo_id in lost:
+        await requeue(conn, streams, photo_id)
     return lost
 
 
