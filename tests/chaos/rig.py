@@ -291,6 +291,7 @@ class Rig:
         in XREADGROUP are unblocked with an UNBLOCKED error by the role change."""
         self.dead_primary = socket.socket()
         self.dead_primary.bind(("127.0.0.1", 0))
+        self.stack.callback(self.dead_primary.close)
         with self.redis() as client:
             client.replicaof("127.0.0.1", self.dead_primary.getsockname()[1])
 
