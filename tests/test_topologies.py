@@ -16,7 +16,8 @@ import redis
 import redis.cluster
 
 from darkroom.errors import SettingsError
-from darkroom.settings import from_env
+from darkroom.settings import from_env, parse_redis_url
+from darkroom.streams import Streams, connect
 from tests import redis_rig
 from tests.conftest import PHOTOS, Env
 from tests.redis_rig import SERVICE, Servers, wait_until
@@ -200,6 +201,22 @@ def test_rediss_with_a_private_ca(servers: Servers, tmp_path: Path, database_url
     client.close()
 
 
+def test_redis_urls_name_nodes_service_and_options() -> None:
+    """The URL forms parse into what redis-py's Sentinel and cluster clients take."""
+    target = parse_redis_url(
+        "rediss+sentinel://u:p%40ss@s1,[::1]:26380/svc/2?sentinel_password=x&ssl_ca_certs=/ca"
+    )
+    assert (target.topology, target.tls, target.service, target.db) == ("sentinel", True, "svc", 2)
+    assert target.nodes == (("s1", 26379), ("::1", 26380))
+    assert (target.username, target.password) == ("u", "p@ss")
+    assert target.options == {"sentinel_password": "x", "ssl_ca_certs": "/ca"}
+    cluster = parse_redis_url("redis+cluster://h1:7000,h2:7001?socket_timeout=8")
+    assert (cluster.topology, cluster.nodes) == ("cluster", (("h1", 7000), ("h2", 7001)))
+    assert cluster.options == {"socket_timeout": 8.0}
+    assert parse_redis_url("unix:///run/redis.sock?db=3").unix_path == "/run/redis.sock"
+    assert parse_redis_url("unix:///run/redis.sock?db=3").db == 3
+
+
 @pytest.mark.parametrize(
     ("url", "reason"),
     [
@@ -217,3 +234,56 @@ def test_bad_redis_urls_are_refused(url: str, reason: str) -> None:
     with pytest.raises(SettingsError, match=reason) as caught:
         from_env({"DARKROOM_REDIS_URL": url})
     assert caught.value.variable == "DARKROOM_REDIS_URL"
+
+
+# -- Every stream command, on each topology ---------------------------------------------------
+
+
+@pytest.fixture(params=["single", "sentinel", "cluster"])
+def topology_url(request: pytest.FixtureRequest, servers: Servers) -> str:
+    if request.param == "sentinel":
+        _primary, _replica, sentinels = redis_rig.sentinel_setup(servers, sentinels=1)
+        return f"redis+sentinel://127.0.0.1:{sentinels[0]}/{SERVICE}"
+    if request.param == "cluster":
+        ports = redis_rig.cluster_setup(servers)
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports)
+    return f"redis://127.0.0.1:{servers.start('single')}/0"
+
+
+async def test_every_stream_command_works_on_each_topology(topology_url: str) -> None:
+    """Each Streams method, including the ack/dead-letter/replay scripts and the sweeper's
+    pipeline, behaves the same on one node, behind Sentinel and on a Cluster."""
+    tag = uuid.uuid4().hex[:8]
+    streams = Streams(connect(topology_url), f"{{{tag}}}:photos", "g", "me", f"{{{tag}}}:dead")
+    other = Streams(streams.client, streams.stream, "g", "other", streams.dead_stream)
+    try:
+        await streams.ping()
+        await streams.ensure_group()
+        await streams.ensure_group()  # BUSYGROUP is fine
+        ids = [await streams.enqueue({"photo_id": str(n)}) for n in range(4)]
+        assert await streams.oldest_entry_ms() == int(ids[0].split("-")[0])
+        assert [e.id for e in await streams.read_new(3, 100)] == ids[:3]
+        assert await streams.deliveries(ids[0]) == 1 and await streams.pending_count() == 3
+        await streams.heartbeat(ids[:3])
+        await streams.backoff(ids[1], 60_000)
+        claimed, deleted = await other.reclaim(30_000, 10)
+        assert [e.id for e in claimed] == [ids[1]] and deleted == []
+        assert [e.id for e in await streams.read_own_pending(10)] == [ids[0], ids[2]]
+        await streams.ack(ids[0])
+        dead_id = await streams.dead_letter(ids[2], {"photo_id": "2", "error_code": "x"})
+        assert [e.id for e in await streams.dead_letters(10)] == [dead_id]
+        assert await streams.missing(ids) == {ids[0], ids[2]}
+        new_id = await streams.replay(dead_id, {"photo_id": "2"})
+        assert await streams.dead_letters(10) == [] and new_id not in ids
+        status = await streams.status()
+        assert (status["length"], status["pending"], status["dead_letters"]) == (3, 1, 0)
+        assert {c["name"] for c in status["consumers"]} == {"me", "other"}
+        await streams.client.xgroup_destroy(streams.stream, "g")
+        await other.ack(ids[1])  # the group is gone: a no-op that still deletes the entry
+        assert await streams.missing([ids[1]]) == {ids[1]}
+        await streams.dead_letter(ids[3], {"photo_id": "3"})
+        assert len(await streams.dead_letters(10)) == 1
+    finally:
+        await streams.client.delete(streams.stream)
+        await streams.client.delete(streams.dead_stream)
+        await streams.client.aclose()
