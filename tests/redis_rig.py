@@ -45,9 +45,8 @@ class Servers:
         cmd += ["--dir", str(folder), "--logfile", str(folder / "log"), *NO_PERSISTENCE]
         self.procs.append(subprocess.Popen(cmd, cwd=folder))
         if port:
-            client = redis.Redis(port=port, socket_timeout=2)
-            wait_until(client.ping, f"redis-server {name} on port {port}")
-            client.close()
+            with client(port) as node:
+                wait_until(node.ping, f"redis-server {name} on port {port}")
         return port
 
     def close(self) -> None:
@@ -81,25 +80,30 @@ def sentinel_setup(servers: Servers, sentinels: int = 2) -> tuple[int, int, list
     return primary, replica, ports
 
 
+def client(port: int) -> redis.Redis:
+    return redis.Redis(port=port, socket_timeout=2, decode_responses=True)
+
+
 def _in_sync(port: int) -> bool:
-    info = redis.Redis(port=port, socket_timeout=2).info("replication")
-    return info["master_link_status"] == "up"
+    with client(port) as replica:
+        return bool(replica.info("replication")["master_link_status"] == "up")
 
 
 def _sentinel_sees_replica(port: int) -> bool:
-    client = redis.Redis(port=port, socket_timeout=2, decode_responses=True)
-    replicas = client.execute_command("SENTINEL", "REPLICAS", SERVICE)
+    with client(port) as sentinel:
+        replicas = sentinel.execute_command("SENTINEL", "REPLICAS", SERVICE)
     return any(r["flags"] == "slave" and r["master-link-status"] == "ok" for r in replicas)
 
 
 def primary_port(sentinel_port: int) -> int:
-    client = redis.Redis(port=sentinel_port, socket_timeout=2, decode_responses=True)
-    _host, port = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+    with client(sentinel_port) as sentinel:
+        _host, port = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
     return int(port)
 
 
 def role(port: int) -> str:
-    return str(redis.Redis(port=port, socket_timeout=2, decode_responses=True).role()[0])
+    with client(port) as node:
+        return str(node.role()[0])
 
 
 def cluster_setup(servers: Servers, nodes: int = 3) -> list[int]:
@@ -117,8 +121,8 @@ def cluster_setup(servers: Servers, nodes: int = 3) -> list[int]:
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     for port in ports:
-        client = redis.Redis(port=port, socket_timeout=2, decode_responses=True)
-        wait_until(lambda c=client: c.cluster("info")["cluster_state"] == "ok", "cluster ok")  # type: ignore[misc]
+        with client(port) as node:
+            wait_until(lambda n=node: n.cluster("info")["cluster_state"] == "ok", "cluster ok")  # type: ignore[misc]
     return ports
 
 
@@ -149,7 +153,6 @@ def tls_server(servers: Servers, certs: dict[str, Path]) -> int:
         "--tls-key-file", str(certs["key"]), "--tls-ca-cert-file", str(certs["ca"]),
         "--tls-auth-clients", "no", port=0,
     )  # fmt: skip
-    client = redis.Redis(port=port, ssl=True, ssl_ca_certs=str(certs["ca"]), socket_timeout=2)
-    wait_until(client.ping, "TLS redis-server")
-    client.close()
+    with redis.Redis(port=port, ssl=True, ssl_ca_certs=str(certs["ca"])) as node:
+        wait_until(node.ping, "TLS redis-server")
     return port

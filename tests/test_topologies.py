@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,22 +33,39 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
     rig.close()
 
 
-def topology_env(tmp_path: Path, database_url: str, redis_url: str, client: Any) -> Env:
-    tag = uuid.uuid4().hex[:10]
-    return Env(
-        vars={
-            "DARKROOM_REDIS_URL": redis_url,
-            "DARKROOM_DATABASE_URL": database_url,
-            "DARKROOM_STORAGE_URL": "file:./var/storage",
-            "DARKROOM_STREAM": f"{{t{tag}}}:photos",
-            "DARKROOM_DEAD_LETTER_STREAM": f"{{t{tag}}}:dead",
-            "DARKROOM_GROUP": "darkroom",
-            "DARKROOM_CONCURRENCY": "2",
-            "DARKROOM_LOG_FORMAT": "json",
-        },
-        redis=client,
-        tmp=tmp_path,
-    )
+EnvFor = Callable[[str, Any], Env]
+
+
+@pytest.fixture
+def env_for(servers: Servers, tmp_path: Path, database_url: str) -> Iterator[EnvFor]:
+    """Builds the Env for a Redis URL; its workers are killed before the servers go."""
+    envs: list[Env] = []
+
+    def build(redis_url: str, client: Any) -> Env:
+        tag = uuid.uuid4().hex[:10]
+        envs.append(
+            Env(
+                vars={
+                    "DARKROOM_REDIS_URL": redis_url,
+                    "DARKROOM_DATABASE_URL": database_url,
+                    "DARKROOM_STORAGE_URL": "file:./var/storage",
+                    "DARKROOM_STREAM": f"{{t{tag}}}:photos",
+                    "DARKROOM_DEAD_LETTER_STREAM": f"{{t{tag}}}:dead",
+                    "DARKROOM_GROUP": "darkroom",
+                    "DARKROOM_CONCURRENCY": "2",
+                    "DARKROOM_LOG_FORMAT": "json",
+                },
+                redis=client,
+                tmp=tmp_path,
+            )
+        )
+        return envs[-1]
+
+    yield build
+    for proc in (proc for env in envs for proc in env.procs):
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def stop(env: Env) -> str:
@@ -87,26 +104,24 @@ def stream_settled(client: Any, env: Env) -> bool:
 # -- Sentinel -------------------------------------------------------------------------------
 
 
-def test_sentinel_failover_mid_batch_costs_nothing(
-    servers: Servers, tmp_path: Path, database_url: str
-) -> None:
+def test_sentinel_failover_mid_batch_costs_nothing(servers: Servers, env_for: EnvFor) -> None:
     """A forced SENTINEL FAILOVER mid-batch: the worker follows the new primary; every
     photo published, nothing dead-lettered, no photo failed an attempt, stream empty."""
     primary, replica, sentinels = redis_rig.sentinel_setup(servers)
     url = "redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in sentinels) + f"/{SERVICE}/0"
-    env = topology_env(tmp_path, database_url, url, None)
+    env = env_for(url, None)
     paths = [*LANDSCAPES, *LANDSCAPES, HEIC, HEIC, *LANDSCAPES]
     ids = env.ingest(paths)
-    old = redis.Redis(port=primary, decode_responses=True)
-    assert old.wait(1, 5000) == 1  # the batch is on the replica before the failover
+    with redis_rig.client(primary) as old:
+        assert old.wait(1, 5000) == 1  # the batch is on the replica before the failover
     env.start("run", DARKROOM_CLAIM_IDLE_MS="5000")
     wait_until(lambda: published(env, ids) >= 1, "first photo published", 60)
-    sentinel = redis.Redis(port=sentinels[0], decode_responses=True)
-    assert sentinel.execute_command("SENTINEL", "FAILOVER", SERVICE)
+    with redis_rig.client(sentinels[0]) as sentinel:
+        assert sentinel.execute_command("SENTINEL", "FAILOVER", SERVICE)
     before = published(env, ids)
     wait_until(lambda: redis_rig.primary_port(sentinels[-1]) == replica, "failover", 30)
     wait_until(lambda: redis_rig.role(primary) == "slave", "old primary demoted", 60)
-    new = redis.Redis(port=replica, decode_responses=True)
+    new = redis_rig.client(replica)
     wait_until(lambda: published(env, ids) == len(ids), "every photo published", 120)
     wait_until(lambda: stream_settled(new, env), "stream empty on the new primary", 60)
     log = stop(env)
@@ -121,22 +136,20 @@ def test_sentinel_failover_mid_batch_costs_nothing(
     # new one (its read never reached the replica): that second delivery may claim it again.
     assert all(r["attempt"] <= 2 for r in rows), rows
     new.close()
-    old.close()
-    sentinel.close()
 
 
 # -- Cluster --------------------------------------------------------------------------------
 
 
 def test_cluster_processes_a_batch_and_every_command_works(
-    servers: Servers, tmp_path: Path, database_url: str
+    servers: Servers, env_for: EnvFor, tmp_path: Path
 ) -> None:
     """On a 3-node cluster: ingest, run --drain, status, dlq list/replay, retry and
     enqueue all work; the bad photo is dead-lettered, replayed and failed again."""
     ports = redis_rig.cluster_setup(servers)
     url = f"redis+cluster://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"
     client = redis.cluster.RedisCluster(host="127.0.0.1", port=ports[2], decode_responses=True)
-    env = topology_env(tmp_path, database_url, url, client)
+    env = env_for(url, client)
     bogus = tmp_path / "not-a-photo.jpg"
     bogus.write_text("plain text, not an image")
     ids = env.ingest([*LANDSCAPES, bogus])
@@ -182,14 +195,14 @@ def test_cluster_mode_refuses_streams_in_two_slots() -> None:
 # -- TLS ------------------------------------------------------------------------------------
 
 
-def test_rediss_with_a_private_ca(servers: Servers, tmp_path: Path, database_url: str) -> None:
+def test_rediss_with_a_private_ca(servers: Servers, env_for: EnvFor, tmp_path: Path) -> None:
     """rediss:// with ?ssl_ca_certs= processes a batch over TLS; without the CA the
     certificate is refused (queue_unavailable, exit 1)."""
     certs = redis_rig.make_certificates(tmp_path / "certs")
     port = redis_rig.tls_server(servers, certs)
     url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={certs['ca']}"
     client = redis.Redis(port=port, ssl=True, ssl_ca_certs=str(certs["ca"]), decode_responses=True)
-    env = topology_env(tmp_path, database_url, url, client)
+    env = env_for(url, client)
     ids = env.ingest(LANDSCAPES[:3])
     env.cli("run", "--drain")
     assert {r["processing_state"] for r in jobs(env, ids)} == {"processed"}
