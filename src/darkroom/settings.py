@@ -145,7 +145,7 @@ def _nonempty(raw: str) -> str:
 
 
 PARSERS: dict[str, Callable[[str], Any]] = {
-    "redis_url": lambda raw: parse_redis_url(raw).url,
+    "redis_url": lambda raw: parse_redis_url(raw).url,  # validated here, opened by streams
     "database_url": _url("postgres", "postgresql"),
     "storage_url": _storage_url,
     "s3_endpoint_url": _url("http", "https"),
