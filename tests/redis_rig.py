@@ -1,7 +1,7 @@
-"""Private Redis topologies on loopback for one test: plain nodes, a TLS node with a
-throwaway CA, a primary + replica watched by sentinels, and a 3-node cluster. Every server
-runs the `redis-server` on PATH without persistence, in the test's tmp dir, and is killed
-by `close()` (the fixtures' finalizer)."""
+"""Private Redis topologies on loopback for one test: single nodes, a primary + replica
+watched by sentinels, and a 3-node cluster, each in plain TCP or TLS-only (a throwaway CA
+made with openssl). Every server runs the `redis-server` on PATH without persistence, in
+the test's tmp dir, and is killed by `close()` (the fixtures' finalizer)."""
 
 from __future__ import annotations
 
@@ -30,102 +30,6 @@ def wait_until(probe: Callable[[], object], what: str, timeout: float = 30.0) ->
         time.sleep(0.05)
 
 
-class Servers:
-    """The redis-server processes of one test."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp, self.procs = tmp, list[subprocess.Popen[bytes]]()
-
-    def start(self, name: str, *args: str, port: int | None = None) -> int:
-        """Start one server (its own dir and log); returns its plain TCP port (0 if none)."""
-        folder = self.tmp / name
-        folder.mkdir(parents=True, exist_ok=True)
-        port = free_port() if port is None else port
-        cmd = ["redis-server", *args, "--port", str(port), "--bind", "127.0.0.1"]
-        cmd += ["--dir", str(folder), "--logfile", str(folder / "log"), *NO_PERSISTENCE]
-        self.procs.append(subprocess.Popen(cmd, cwd=folder))
-        if port:
-            with client(port) as node:
-                wait_until(node.ping, f"redis-server {name} on port {port}")
-        return port
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
-
-
-def sentinel_setup(servers: Servers, sentinels: int = 2) -> tuple[int, int, list[int]]:
-    """A primary, one replica in sync, and sentinels that watch them (quorum 1, failing
-    over in seconds). Returns (primary port, replica port, sentinel ports)."""
-    primary = servers.start("primary")
-    replica = servers.start("replica", "--replicaof", "127.0.0.1", str(primary))
-    wait_until(lambda: _in_sync(replica), "replica in sync")
-    ports = []
-    for n in range(sentinels):
-        port = free_port()
-        folder = servers.tmp / f"sentinel{n}"
-        folder.mkdir()
-        (folder / "sentinel.conf").write_text(
-            f"sentinel monitor {SERVICE} 127.0.0.1 {primary} 1\n"
-            f"sentinel down-after-milliseconds {SERVICE} 1000\n"
-            f"sentinel failover-timeout {SERVICE} 5000\n"
-            f"sentinel parallel-syncs {SERVICE} 1\n"
-        )
-        servers.start(f"sentinel{n}", str(folder / "sentinel.conf"), "--sentinel", port=port)
-        ports.append(port)
-    for port in ports:  # each sentinel has found the replica, so it can fail over
-        wait_until(lambda p=port: _sentinel_sees_replica(p), f"sentinel {port} ready")  # type: ignore[misc]
-    return primary, replica, ports
-
-
-def client(port: int) -> redis.Redis:
-    return redis.Redis(port=port, socket_timeout=2, decode_responses=True)
-
-
-def _in_sync(port: int) -> bool:
-    with client(port) as replica:
-        return bool(replica.info("replication")["master_link_status"] == "up")
-
-
-def _sentinel_sees_replica(port: int) -> bool:
-    with client(port) as sentinel:
-        replicas = sentinel.execute_command("SENTINEL", "REPLICAS", SERVICE)
-    return any(r["flags"] == "slave" and r["master-link-status"] == "ok" for r in replicas)
-
-
-def primary_port(sentinel_port: int) -> int:
-    with client(sentinel_port) as sentinel:
-        _host, port = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
-    return int(port)
-
-
-def role(port: int) -> str:
-    with client(port) as node:
-        return str(node.role()[0])
-
-
-def cluster_setup(servers: Servers, nodes: int = 3) -> list[int]:
-    """`nodes` cluster-enabled servers joined by `redis-cli --cluster create` (no replicas).
-    Returns their ports once every node reports cluster_state:ok."""
-    ports = []
-    for n in range(nodes):
-        bus = str(free_port())
-        args = ["--cluster-enabled", "yes", "--cluster-port", bus]
-        ports.append(servers.start(f"node{n}", *args, "--cluster-config-file", "nodes.conf"))
-    addresses = [f"127.0.0.1:{p}" for p in ports]
-    subprocess.run(
-        ["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", "0",
-         "--cluster-yes"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    for port in ports:
-        with client(port) as node:
-            wait_until(lambda n=node: n.cluster("info")["cluster_state"] == "ok", "cluster ok")  # type: ignore[misc]
-    return ports
-
-
 def make_certificates(folder: Path) -> dict[str, Path]:
     """A throwaway CA and a server certificate for 127.0.0.1 signed by it."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -145,14 +49,111 @@ def make_certificates(folder: Path) -> dict[str, Path]:
     return files
 
 
-def tls_server(servers: Servers, certs: dict[str, Path]) -> int:
-    """A TLS-only node (no plain port); clients need not present a certificate."""
-    port = free_port()
-    servers.start(
-        "tls", "--tls-port", str(port), "--tls-cert-file", str(certs["cert"]),
-        "--tls-key-file", str(certs["key"]), "--tls-ca-cert-file", str(certs["ca"]),
-        "--tls-auth-clients", "no", port=0,
+class Servers:
+    """The redis-server processes of one test; with `certs`, every one is TLS-only
+    (clients, replication, cluster bus; clients need not present a certificate)."""
+
+    def __init__(self, tmp: Path, certs: dict[str, Path] | None = None) -> None:
+        self.tmp, self.certs = tmp, certs
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, *args: str, config: str | None = None) -> int:
+        """Start one server (its own dir and log) on a free port; returns the port."""
+        folder = self.tmp / name
+        folder.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        cmd = ["redis-server", *([config] if config else []), *args, *self._listen(port)]
+        cmd += ["--dir", str(folder), "--logfile", str(folder / "log"), *NO_PERSISTENCE]
+        self.procs.append(subprocess.Popen(cmd, cwd=folder))
+        with self.client(port) as node:
+            wait_until(node.ping, f"redis-server {name} on port {port}")
+        return port
+
+    def _listen(self, port: int) -> list[str]:
+        if not self.certs:
+            return ["--port", str(port), "--bind", "127.0.0.1"]
+        return [
+            "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+            "--tls-cert-file", str(self.certs["cert"]), "--tls-key-file", str(self.certs["key"]),
+            "--tls-ca-cert-file", str(self.certs["ca"]), "--tls-auth-clients", "no",
+            "--tls-replication", "yes", "--tls-cluster", "yes",
+        ]  # fmt: skip
+
+    def client(self, port: int) -> redis.Redis:
+        tls = {"ssl": True, "ssl_ca_certs": str(self.certs["ca"])} if self.certs else {}
+        return redis.Redis(port=port, socket_timeout=2, decode_responses=True, **tls)  # type: ignore[arg-type]
+
+    def cli(self, port: int, *command: str) -> str:
+        """redis-cli against one server; its stdout."""
+        args = ["redis-cli", *self.cli_tls(), "-h", "127.0.0.1", "-p", str(port), *command]
+        return subprocess.run(args, capture_output=True, text=True, timeout=60).stdout.strip()
+
+    def cli_tls(self) -> list[str]:
+        return ["--tls", "--cacert", str(self.certs["ca"])] if self.certs else []
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+
+
+def sentinel_setup(servers: Servers, sentinels: int = 2) -> tuple[int, int, list[int]]:
+    """A primary, one replica in sync, and sentinels that watch them (quorum 1, failing
+    over in seconds). Returns (primary port, replica port, sentinel ports)."""
+    primary = servers.start("primary")
+    replica = servers.start("replica", "--replicaof", "127.0.0.1", str(primary))
+    wait_until(lambda: _in_sync(servers, replica), "replica in sync")
+    ports = []
+    for n in range(sentinels):
+        config = servers.tmp / f"sentinel{n}.conf"
+        config.write_text(
+            f"sentinel monitor {SERVICE} 127.0.0.1 {primary} 1\n"
+            f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+            f"sentinel failover-timeout {SERVICE} 5000\n"
+            f"sentinel parallel-syncs {SERVICE} 1\n"
+        )
+        ports.append(servers.start(f"sentinel{n}", "--sentinel", config=str(config)))
+    for port in ports:  # each sentinel has seen the replica, so it can fail over
+        wait_until(lambda p=port: _sentinel_sees_replica(servers, p), f"sentinel {port}")  # type: ignore[misc]
+    return primary, replica, ports
+
+
+def _in_sync(servers: Servers, port: int) -> bool:
+    with servers.client(port) as replica:
+        return bool(replica.info("replication")["master_link_status"] == "up")
+
+
+def _sentinel_sees_replica(servers: Servers, port: int) -> bool:
+    with servers.client(port) as sentinel:
+        replicas = sentinel.execute_command("SENTINEL", "REPLICAS", SERVICE)
+    return any(r["flags"] == "slave" and r["master-link-status"] == "ok" for r in replicas)
+
+
+def primary_port(servers: Servers, sentinel_port: int) -> int:
+    with servers.client(sentinel_port) as sentinel:
+        _host, port = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+    return int(port)
+
+
+def role(servers: Servers, port: int) -> str:
+    with servers.client(port) as node:
+        return str(node.role()[0])
+
+
+def cluster_setup(servers: Servers, nodes: int = 3) -> list[int]:
+    """`nodes` cluster-enabled servers joined by `redis-cli --cluster create` (no replicas).
+    Returns their ports once every node reports cluster_state:ok."""
+    ports = [
+        servers.start(f"node{n}", "--cluster-enabled", "yes", "--cluster-port",
+                      str(free_port()), "--cluster-config-file", "nodes.conf")
+        for n in range(nodes)
+    ]  # fmt: skip
+    subprocess.run(
+        ["redis-cli", *servers.cli_tls(), "--cluster", "create",
+         *(f"127.0.0.1:{p}" for p in ports), "--cluster-replicas", "0", "--cluster-yes"],
+        check=True, capture_output=True, timeout=60,
     )  # fmt: skip
-    with redis.Redis(port=port, ssl=True, ssl_ca_certs=str(certs["ca"])) as node:
-        wait_until(node.ping, "TLS redis-server")
-    return port
+    for port in ports:
+        wait_until(lambda p=port: "cluster_state:ok" in servers.cli(p, "cluster", "info"), "ok")  # type: ignore[misc]
+    return ports

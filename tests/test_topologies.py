@@ -33,6 +33,14 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
     rig.close()
 
 
+@pytest.fixture
+def tls_servers(tmp_path: Path) -> Iterator[Servers]:
+    """TLS-only servers whose certificate a throwaway CA signed."""
+    rig = Servers(tmp_path / "redis-tls", redis_rig.make_certificates(tmp_path / "certs"))
+    yield rig
+    rig.close()
+
+
 EnvFor = Callable[[str, Any], Env]
 
 
@@ -112,16 +120,16 @@ def test_sentinel_failover_mid_batch_costs_nothing(servers: Servers, env_for: En
     env = env_for(url, None)
     paths = [*LANDSCAPES, *LANDSCAPES, HEIC, HEIC, *LANDSCAPES]
     ids = env.ingest(paths)
-    with redis_rig.client(primary) as old:
+    with servers.client(primary) as old:
         assert old.wait(1, 5000) == 1  # the batch is on the replica before the failover
     env.start("run", DARKROOM_CLAIM_IDLE_MS="5000")
     wait_until(lambda: published(env, ids) >= 1, "first photo published", 60)
-    with redis_rig.client(sentinels[0]) as sentinel:
+    with servers.client(sentinels[0]) as sentinel:
         assert sentinel.execute_command("SENTINEL", "FAILOVER", SERVICE)
     before = published(env, ids)
-    wait_until(lambda: redis_rig.primary_port(sentinels[-1]) == replica, "failover", 30)
-    wait_until(lambda: redis_rig.role(primary) == "slave", "old primary demoted", 60)
-    new = redis_rig.client(replica)
+    wait_until(lambda: redis_rig.primary_port(servers, sentinels[-1]) == replica, "failover")
+    wait_until(lambda: redis_rig.role(servers, primary) == "slave", "old primary demoted", 60)
+    new = servers.client(replica)
     wait_until(lambda: published(env, ids) == len(ids), "every photo published", 120)
     wait_until(lambda: stream_settled(new, env), "stream empty on the new primary", 60)
     log = stop(env)
@@ -195,13 +203,13 @@ def test_cluster_mode_refuses_streams_in_two_slots() -> None:
 # -- TLS ------------------------------------------------------------------------------------
 
 
-def test_rediss_with_a_private_ca(servers: Servers, env_for: EnvFor, tmp_path: Path) -> None:
+def test_rediss_with_a_private_ca(tls_servers: Servers, env_for: EnvFor) -> None:
     """rediss:// with ?ssl_ca_certs= processes a batch over TLS; without the CA the
     certificate is refused (queue_unavailable, exit 1)."""
-    certs = redis_rig.make_certificates(tmp_path / "certs")
-    port = redis_rig.tls_server(servers, certs)
-    url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={certs['ca']}"
-    client = redis.Redis(port=port, ssl=True, ssl_ca_certs=str(certs["ca"]), decode_responses=True)
+    assert tls_servers.certs is not None
+    port = tls_servers.start("tls")
+    url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={tls_servers.certs['ca']}"
+    client = tls_servers.client(port)
     env = env_for(url, client)
     ids = env.ingest(LANDSCAPES[:3])
     env.cli("run", "--drain")
@@ -252,20 +260,30 @@ def test_bad_redis_urls_are_refused(url: str, reason: str) -> None:
 # -- Every stream command, on each topology ---------------------------------------------------
 
 
-@pytest.fixture(params=["single", "sentinel", "cluster"])
-def topology_url(request: pytest.FixtureRequest, servers: Servers) -> str:
-    if request.param == "sentinel":
-        _primary, _replica, sentinels = redis_rig.sentinel_setup(servers, sentinels=1)
-        return f"redis+sentinel://127.0.0.1:{sentinels[0]}/{SERVICE}"
-    if request.param == "cluster":
-        ports = redis_rig.cluster_setup(servers)
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports)
-    return f"redis://127.0.0.1:{servers.start('single')}/0"
+@pytest.fixture(
+    params=[
+        ("redis", "single"), ("redis", "sentinel"), ("redis", "cluster"),
+        ("rediss", "single"), ("rediss", "sentinel"), ("rediss", "cluster"),
+    ],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)  # fmt: skip
+def topology_url(request: pytest.FixtureRequest, servers: Servers, tls_servers: Servers) -> str:
+    scheme, topology = request.param
+    rig = tls_servers if scheme == "rediss" else servers
+    query = f"?ssl_ca_certs={rig.certs['ca']}" if rig.certs else ""
+    if topology == "sentinel":
+        _primary, _replica, sentinels = redis_rig.sentinel_setup(rig, sentinels=1)
+        return f"{scheme}+sentinel://127.0.0.1:{sentinels[0]}/{SERVICE}{query}"
+    if topology == "cluster":
+        nodes = ",".join(f"127.0.0.1:{p}" for p in redis_rig.cluster_setup(rig))
+        return f"{scheme}+cluster://{nodes}{query}"
+    return f"{scheme}://127.0.0.1:{rig.start('single')}/0{query}"
 
 
 async def test_every_stream_command_works_on_each_topology(topology_url: str) -> None:
     """Each Streams method, including the ack/dead-letter/replay scripts and the sweeper's
-    pipeline, behaves the same on one node, behind Sentinel and on a Cluster."""
+    pipeline, behaves the same on one node, behind Sentinel and on a Cluster, with and
+    without TLS."""
     tag = uuid.uuid4().hex[:8]
     streams = Streams(connect(topology_url), f"{{{tag}}}:photos", "g", "me", f"{{{tag}}}:dead")
     other = Streams(streams.client, streams.stream, "g", "other", streams.dead_stream)
