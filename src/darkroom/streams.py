@@ -115,7 +115,8 @@ def _sentinel_primary(target: RedisTarget, options: dict[str, Any]) -> redis.Red
 
 
 # Entries move between the two streams in Lua scripts over keys of one hash slot, atomic on
-# a single node, behind Sentinel and on a Cluster alike (a cluster client cannot MULTI).
+# a single node, behind Sentinel and on a Cluster alike (the asyncio cluster client of the
+# older redis-py versions pyproject allows refuses MULTI).
 # XACK runs under pcall so that, as in a MULTI, the rest runs when the group is gone; its
 # error is handed back for `_no_group` to judge.
 ACK_LUA = """
