@@ -36,7 +36,7 @@ def test_defaults_match_the_documented_contract() -> None:
 
 
 def test_stream_keys_share_one_hash_tag() -> None:
-    """Work and dead-letter streams hash to one Redis Cluster slot (MULTI across both)."""
+    """Work and dead-letter streams hash to one Redis Cluster slot (one script moves entries)."""
     s = from_env({})
     assert s.stream.split("}")[0] == s.dead_letter_stream.split("}")[0] == "{darkroom"
 

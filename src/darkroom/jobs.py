@@ -2,7 +2,7 @@
 or a recorded retry, or a dead letter.
 
 Ordering hazards: the ack comes only after the publishing commit; a final failure is
-one SQL statement and then one Redis MULTI (dead letter + ack + delete). A dependency
+one SQL statement and then one Redis script (dead letter + ack + delete). A dependency
 outage is waited out in place (health.Gate), so it costs the photo no attempt.
 """
 

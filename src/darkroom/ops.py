@@ -60,7 +60,7 @@ async def cmd_photos(settings: Settings, args: argparse.Namespace) -> int:
 
 async def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
     """List dead letters, or replay them: the photo is reset to `uploaded` in Postgres, then
-    the letter is moved back onto the work stream in one MULTI (so never twice)."""
+    the letter is moved back onto the work stream in one Lua script (so never twice)."""
     async with services(settings, 1) as (pool, streams):
         letters = [
             e for e in await streams.dead_letters(args.limit)
