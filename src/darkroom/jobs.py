@@ -131,7 +131,7 @@ class Jobs:
         metrics.RENDER_PEAK_RSS_MB.observe(result.peak_rss_mb)
         with metrics.STAGE_SECONDS.labels("upload").time():
             renditions = await self._upload(task.photo_id, result)
-        facts = {**msgspec.structs.asdict(result.facts), "bytes": len(original)}
+        facts = result.facts.row(len(original), keep_location=self.settings.keep_location)
         with metrics.STAGE_SECONDS.labels("publish").time():
             published = await db.publish(self.pool, task.photo_id, facts, renditions)
         return "published" if published else "already"
@@ -139,7 +139,10 @@ class Jobs:
     async def _past_the_cap(self, photo_id: uuid.UUID, deliveries: int) -> None:
         """Checked before any work, so a photo that kills its worker cannot loop. A photo
         that is gone or already terminal goes on to the claim, which changes nothing."""
-        if await db.photo_state(self.pool, photo_id) in (None, "processed", "processing_failed"):
+        state = await db.photo_state(self.pool, photo_id)
+        if state == "processed":  # a re-render that keeps failing is given up, never looped
+            await db.drop_rerender(self.pool, photo_id)
+        if state in (None, "processed", "processing_failed"):
             return
         code, message = await db.last_error(self.pool, photo_id)
         raise AttemptsExhaustedError(

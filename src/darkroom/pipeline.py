@@ -8,11 +8,15 @@ other size cascaded from it. Outputs are upright, 8-bit sRGB, with no metadata a
 
 from __future__ import annotations
 
+import hashlib
+import io
 from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 import pyvips
 
+from darkroom import exif, placeholders
 from darkroom.errors import (
     CorruptImageError,
     DarkroomError,
@@ -36,12 +40,38 @@ _HEIF_BRANDS = {b"mif1", b"msf1", b"miaf"}
 _KEEP_NONE = 0  # ForeignKeep.NONE: no EXIF, XMP, IPTC, ICC or other metadata in outputs
 
 
-class Facts(msgspec.Struct, frozen=True):
-    """What the original is: source format and upright pixel size."""
+class Source(msgspec.Struct, frozen=True):
+    """What the header says: format, upright size, frames, embedded profile and EXIF."""
 
     format: str
     width: int
     height: int
+    frames: int = 1
+    icc: bytes | None = None
+    exif: bytes | None = None
+
+
+class Facts(msgspec.Struct, frozen=True):
+    """What the original is and what a gallery shows before the pixels arrive."""
+
+    format: str
+    width: int
+    height: int
+    has_alpha: bool = False  # some pixel is not fully opaque
+    frames: int = 1
+    source_profile: str | None = None
+    thumbhash: str | None = None
+    dominant_color: str | None = None
+    original_sha256: str | None = None
+    capture: exif.Capture = msgspec.field(default_factory=exif.Capture)
+
+    def row(self, size: int, *, keep_location: bool) -> dict[str, Any]:
+        """The `photos` columns; location only when the operator chose to keep it."""
+        row = {**msgspec.structs.asdict(self), **msgspec.structs.asdict(self.capture)}
+        del row["capture"]
+        if not keep_location:
+            row["latitude"] = row["longitude"] = None
+        return {**row, "bytes": size}
 
 
 class Rendered(msgspec.Struct, frozen=True):
@@ -99,8 +129,9 @@ def render(data: bytes, specs: Iterable[RenditionSpec], max_pixels: int) -> Rend
     specs = sorted(specs, key=lambda s: s.size, reverse=True)
     fmt = sniff(data)
     try:
-        base, facts = _decode(data, fmt, specs[0].size, max_pixels)
-        return RenderResult(facts, list(_cascade(base, specs)))
+        base, source = _decode(data, fmt, specs[0].size, max_pixels)
+        renditions = list(_cascade(base, specs))
+        return RenderResult(_facts(base, source, data), renditions)
     except DarkroomError:
         raise
     except pyvips.Error as exc:
@@ -113,7 +144,53 @@ def _vips_message(exc: pyvips.Error) -> str:
     return lines[-1][:300] if lines else "libvips could not decode the image"
 
 
-def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.Image, Facts]:
+def _facts(base: pyvips.Image, source: Source, data: bytes) -> Facts:
+    width, height, rgba = _small_rgba(base)
+    dominant = placeholders.dominant_color(rgba)
+    return Facts(
+        source.format,
+        source.width,
+        source.height,
+        has_alpha=bool(base.hasalpha()),
+        frames=source.frames,
+        source_profile=profile_name(source.icc),
+        thumbhash=placeholders.thumbhash_text(width, height, rgba),
+        dominant_color=dominant[0] if dominant else None,
+        original_sha256=hashlib.sha256(data).hexdigest(),
+        capture=exif.read(source.exif),
+    )
+
+
+def _small_rgba(base: pyvips.Image) -> tuple[int, int, bytes]:
+    """At most 100×100 px, 8-bit sRGB with alpha, cascaded from the decode."""
+    side = placeholders.SIDE
+    small = base.thumbnail_image(side, height=side, size="down")
+    if small.bands < 3:
+        small = small.colourspace("srgb")
+    if not small.hasalpha():
+        small = small.bandjoin_const([255])
+    return small.width, small.height, bytes(small.cast("uchar").write_to_memory())
+
+
+def profile_name(icc: bytes | None) -> str | None:
+    """The ICC profile's description ("Display P3"), or None if absent or unreadable."""
+    if not icc:
+        return None
+    from PIL import ImageCms
+
+    try:
+        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        name = str(profile.profile.profile_description or "").strip()
+    except Exception:  # a damaged profile names nothing
+        return None
+    return "".join(c for c in name if c.isprintable())[:200] or None
+
+
+def _blob(image: pyvips.Image, name: str) -> bytes | None:
+    return bytes(image.get(name)) if image.get_typeof(name) else None
+
+
+def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.Image, Source]:
     if fmt == "heic":
         return _decode_heic(data, size, max_pixels)
     header = pyvips.Image.new_from_buffer(data, "", access="sequential", fail_on="error")
@@ -132,7 +209,10 @@ def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.I
         option_string="fail_on=error",
         **(_COLOUR if tagged else {}),
     )  # thumbnail's own fail_on does not reach the loader: pass it in option_string
-    return _finish(image), Facts(fmt, width, height)
+    frames = header.get("n-pages") if fmt in ("gif", "webp") and header.get_typeof("n-pages") else 1
+    source = Source(fmt, width, height, frames, _blob(header, "icc-profile-data"),
+                    _blob(header, "exif-data"))  # fmt: skip
+    return _finish(image), source
 
 
 # thumbnail imports with the embedded profile (CMYK falls back to a CMYK profile)
@@ -154,7 +234,7 @@ def _check_pixels(width: int, height: int, max_pixels: int) -> None:
         )
 
 
-def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image, Facts]:
+def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image, Source]:
     """HEVC HEIC through libheif/libde265 (pi-heif); irot/imir are applied by libheif."""
     import pi_heif
 
@@ -176,7 +256,10 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
     if icc:
         image.set_type(pyvips.GValue.blob_type, "icc-profile-data", bytes(icc))
     resized = image.thumbnail_image(size, height=size, size="down", **_COLOUR)
-    return _finish(resized), Facts("heic", width, height)
+    exif_block = heif.info.get("exif")
+    source = Source("heic", width, height, 1, bytes(icc) if icc else None,
+                    bytes(exif_block) if exif_block else None)  # fmt: skip
+    return _finish(resized), source
 
 
 def _check_boxes(data: bytes) -> None:

@@ -89,6 +89,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_port: int = 0
     log_format: Literal["json", "console"] = "json"
     log_level: str = "info"
+    keep_location: bool = False
 
 
 T = TypeVar("T")
@@ -144,6 +145,13 @@ def _nonempty(raw: str) -> str:
     return raw
 
 
+def _boolean(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError("must be true or false")
+    return value in ("true", "1", "yes")
+
+
 PARSERS: dict[str, Callable[[str], Any]] = {
     "redis_url": _url("redis", "rediss", "unix"),
     "database_url": _url("postgres", "postgresql"),
@@ -169,6 +177,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "metrics_port": _port,
     "log_format": _choice("json", "console"),
     "log_level": _choice("debug", "info", "warning", "error"),
+    "keep_location": _boolean,
 }
 
 
