@@ -107,7 +107,8 @@ def test_error_codes_are_unique_snake_case() -> None:
 
 
 LAYERS = {
-    "pipeline": {"errors", "settings", "exif", "placeholders"},
+    "pipeline": {"errors", "settings", "exif", "isobmff", "placeholders"},
+    "isobmff": {"errors"},
     "exif": set(),
     "placeholders": {"thumbhash"},
     "thumbhash": set(),

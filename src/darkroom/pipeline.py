@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import pyvips
 
-from darkroom import exif, placeholders
+from darkroom import exif, isobmff, placeholders
 from darkroom.errors import (
     CorruptImageError,
     DarkroomError,
@@ -90,7 +90,13 @@ class RenderResult(msgspec.Struct, frozen=True):
 
 
 def configure() -> None:
-    """Process-wide libvips policy: no operation cache, only allow-listed loaders."""
+    """Process-wide libvips policy: no operation cache, only allow-listed loaders; libheif's
+    and Pillow's own size limits give way to darkroom's pixel budget, checked first."""
+    import pi_heif
+    from PIL import Image
+
+    pi_heif.options.DISABLE_SECURITY_LIMITS = True
+    Image.MAX_IMAGE_PIXELS = None
     pyvips.cache_set_max(0)
     pyvips.block_untrusted_set(True)
     pyvips.operation_block_set("VipsForeignLoad", True)
@@ -193,11 +199,19 @@ def _blob(image: pyvips.Image, name: str) -> bytes | None:
 def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.Image, Source]:
     if fmt == "heic":
         return _decode_heic(data, size, max_pixels)
-    header = pyvips.Image.new_from_buffer(data, "", access="sequential", fail_on="error")
+    # libheif's fixed default limits (256 items, ...) refuse valid large grids: darkroom's
+    # own limits apply instead (the pixel budget below, the render's memory and time limits)
+    limits = {"unlimited": True} if fmt == "avif" else {}
+    if fmt == "avif":
+        isobmff.check(data)
+    header = pyvips.Image.new_from_buffer(data, "", access="sequential", fail_on="error", **limits)
     loader = header.get("vips-loader")
     if not loader.startswith(_LOADER_NAMES):
         raise UnsupportedFormatError(f"loader {loader} is not allowed")
     _check_pixels(header.width, header.height, max_pixels)
+    if fmt == "gif":
+        _check_gif_frame(data)
+
     width, height = _upright(header)
     # Untagged RGB is taken as sRGB already: converting sRGB→sRGB costs ~25% and changes nothing.
     tagged = header.get_typeof("icc-profile-data") or header.interpretation == "cmyk"
@@ -206,7 +220,7 @@ def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.I
         size,
         height=size,
         size="down",
-        option_string="fail_on=error",
+        option_string="fail_on=error" + (",unlimited=true" if limits else ""),
         **(_COLOUR if tagged else {}),
     )  # thumbnail's own fail_on does not reach the loader: pass it in option_string
     frames = header.get("n-pages") if fmt in ("gif", "webp") and header.get_typeof("n-pages") else 1
@@ -218,6 +232,19 @@ def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.I
 # thumbnail imports with the embedded profile (CMYK falls back to a CMYK profile)
 # and exports sRGB; 16-bit inputs come out 8-bit.
 _COLOUR = {"output_profile": "srgb", "intent": "perceptual"}
+
+
+def _check_gif_frame(data: bytes) -> None:
+    """libvips' GIF loader fills a frame whose LZW data stops short (the file then ends
+    properly) with transparent pixels; Pillow's decoder refuses it, so the first frame is
+    checked with it too (after the pixel budget: a few ms for a photo-sized GIF)."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data), formats=["GIF"]) as gif:
+            gif.load()
+    except Exception as exc:  # Pillow raises OSError, ValueError, SyntaxError...
+        raise CorruptImageError(f"GIF frame data is incomplete: {exc}") from None
 
 
 def _upright(header: pyvips.Image) -> tuple[int, int]:
@@ -238,7 +265,7 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
     """HEVC HEIC through libheif/libde265 (pi-heif); irot/imir are applied by libheif."""
     import pi_heif
 
-    _check_boxes(data)
+    isobmff.check(data)
     try:
         heif = pi_heif.open_heif(data, convert_hdr_to_8bit=True)
         width, height = heif.size
@@ -260,21 +287,6 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
     source = Source("heic", width, height, 1, bytes(icc) if icc else None,
                     bytes(exif_block) if exif_block else None)  # fmt: skip
     return _finish(resized), source
-
-
-def _check_boxes(data: bytes) -> None:
-    """Every top-level ISO-BMFF box must fit in the data: libheif fills a cut-short upload
-    with flat colour instead of failing, so truncation is caught here."""
-    pos = 0
-    while pos < len(data):
-        size = int.from_bytes(data[pos : pos + 4], "big")
-        if size == 1:
-            size = int.from_bytes(data[pos + 8 : pos + 16], "big")
-        elif size == 0:
-            return  # the last box runs to the end of the file
-        if size < 8 or pos + size > len(data):
-            raise CorruptImageError(f"HEIF box at byte {pos} runs past the end of the data")
-        pos += size
 
 
 def _finish(image: pyvips.Image) -> pyvips.Image:

@@ -1,0 +1,121 @@
+"""One standard of strictness for every decoder (issue 7): structurally invalid data fails
+as corrupt_image in every allowed format, and valid but less common HEIF/AVIF structures
+(large grids past libheif's default limits) render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import pyvips
+
+from darkroom import isobmff, pipeline
+from darkroom.errors import CorruptImageError
+from darkroom.selfcheck import sample
+from darkroom.settings import parse_renditions
+from tests.conftest import PHOTOS, Env
+from tests.heifcraft import grid
+
+SPECS = parse_renditions("thumb:320:webp:80,large:2048:jpeg:80")
+
+
+def short_gif_frame(gif: bytes, keep_blocks: int) -> bytes:
+    """The GIF with its first frame's LZW data cut after `keep_blocks` sub-blocks, then
+    properly terminated: a frame short of its pixel data in an otherwise valid file."""
+    pos = 13
+    if gif[10] & 0x80:
+        pos += 3 * 2 ** ((gif[10] & 7) + 1)
+    while gif[pos] == 0x21:  # extensions
+        pos += 2
+        while gif[pos]:
+            pos += gif[pos] + 1
+        pos += 1
+    assert gif[pos] == 0x2C
+    local = gif[pos + 9]
+    pos += 10 + (3 * 2 ** ((local & 7) + 1) if local & 0x80 else 0) + 1
+    for _ in range(keep_blocks):
+        pos += gif[pos] + 1
+    return gif[:pos] + b"\x00\x3b"
+
+
+def photo_gif() -> bytes:
+    return bytes(pyvips.Image.thumbnail(str(PHOTOS / "Landscape_1.jpg"), 400).gifsave_buffer())
+
+
+def test_gif_frame_short_of_its_pixels_is_corrupt() -> None:
+    whole = photo_gif()
+    assert pipeline.render(whole, SPECS, 10**8).facts.width == 400
+    short = short_gif_frame(whole, 20)
+    # libvips alone renders it, mostly transparent filler: the reason for the check
+    assert pyvips.Image.new_from_buffer(short, "", fail_on="error").width == 400
+    with pytest.raises(CorruptImageError, match="GIF frame data is incomplete"):
+        pipeline.render(short, SPECS, 10**8)
+
+
+@pytest.mark.parametrize("fmt", ["heic", "avif"])
+@pytest.mark.parametrize(
+    ("refs", "message"),
+    [
+        ([2, 3, 4, 99], "missing item 99"),
+        ([2, 3, 4], "references 3 tiles"),
+        ([2, 3, 4, 5, 2], "references 5 tiles"),
+        ([1, 2, 3, 4], "references itself"),
+    ],
+)
+def test_invalid_heif_item_references_are_corrupt(fmt: str, refs: list[int], message: str) -> None:
+    data = grid(sample(f"sample.{fmt}"), 2, 2, refs)
+    with pytest.raises(CorruptImageError, match=message):
+        pipeline.render(data, SPECS, 10**8)
+
+
+@pytest.mark.parametrize("fmt", ["heic", "avif"])
+def test_grid_past_libheif_default_limits_renders(fmt: str) -> None:
+    """17×16 tiles: 273 items, over libheif's default of 256, valid per the spec."""
+    data = grid(sample(f"sample.{fmt}"), 17, 16)
+    if fmt == "avif":
+        with pytest.raises(pyvips.Error, match="security limit"):
+            pyvips.Image.new_from_buffer(data, "")  # libheif's defaults refuse it
+    result = pipeline.render(data, SPECS, 10**8)
+    tile_w, tile_h = (64, 64) if fmt == "heic" else (24, 32)
+    assert (result.facts.width, result.facts.height) == (17 * tile_w, 16 * tile_h)
+
+
+def test_grid_pixel_budget_still_applies() -> None:
+    from darkroom.errors import ImageTooLargeError
+
+    data = grid(sample("sample.avif"), 17, 16)
+    with pytest.raises(ImageTooLargeError):
+        pipeline.render(data, SPECS, 100_000)
+
+
+@pytest.mark.parametrize("fmt", ["heic", "avif"])
+def test_derived_image_cycle_is_corrupt(fmt: str) -> None:
+    """A tile deriving from its own grid: refused before libheif follows it."""
+    data = grid(sample(f"sample.{fmt}"), 1, 1, cycle=True)
+    with pytest.raises(CorruptImageError, match="cycle"):
+        pipeline.render(data, SPECS, 10**8)
+
+
+@pytest.mark.parametrize("name", ["iphone_13_pro_max.HEIC", "avif-orientation-6.avif"])
+def test_real_heif_files_pass_the_structure_check(name: str) -> None:
+    isobmff.check((PHOTOS / name).read_bytes())
+
+
+def test_corrupt_structures_fail_through_the_worker(file_env: Env, tmp_path: Path) -> None:
+    bad = {
+        "short-frame.gif": short_gif_frame(photo_gif(), 20),
+        "missing-tile.heic": grid(sample("sample.heic"), 2, 2, [2, 3, 4]),
+        "missing-item.avif": grid(sample("sample.avif"), 2, 2, [2, 3, 4, 99]),
+    }
+    good = {"big-grid.avif": grid(sample("sample.avif"), 17, 16)}
+    paths = []
+    for name, data in {**bad, **good}.items():
+        (tmp_path / name).write_bytes(data)
+        paths.append(tmp_path / name)
+    ids = file_env.ingest(paths)
+    file_env.cli("run", "--drain")
+    rows = file_env.query("SELECT id, processing_state, error_code FROM photos")
+    states = {row["id"]: (row["processing_state"], row["error_code"]) for row in rows}
+    assert [states[i] for i in ids] == [("processing_failed", "corrupt_image")] * len(bad) + [
+        ("processed", None)
+    ]
