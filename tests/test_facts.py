@@ -390,3 +390,17 @@ def test_migrate_adds_fact_columns_to_a_database_with_rows(file_env: Env) -> Non
     indexes = file_env.query("SELECT indexname FROM pg_indexes WHERE tablename = 'photos'")
     assert {"indexname": "photos_original_sha256_idx"} in indexes
     assert [r["id"] for r in file_env.query("SELECT id FROM photos")] == [photo_id]
+
+
+def test_failed_rerender_keeps_the_photo_published(file_env: Env) -> None:
+    [photo_id] = file_env.ingest([PHOTOS / "Landscape_4.jpg"])
+    file_env.cli("run", "--drain")
+    before = _row(file_env, photo_id)
+    (file_env.tmp / "var" / "storage" / before["original_key"]).unlink()
+    file_env.cli("enqueue", "--rerender", str(photo_id))
+    file_env.cli("run", "--drain")
+    after = _row(file_env, photo_id)
+    assert (after["processing_state"], after["visibility"]) == ("processed", "published")
+    assert after["renditions"] == before["renditions"] and after["rerendered_at"] is None
+    assert after["rerender_requested_at"] is not None  # left for the operator to find
+    assert file_env.redis.xlen(file_env.dead) == 0

@@ -199,19 +199,8 @@ def _blob(image: pyvips.Image, name: str) -> bytes | None:
 def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.Image, Source]:
     if fmt == "heic":
         return _decode_heic(data, size, max_pixels)
-    # libheif's fixed default limits (256 items, ...) refuse valid large grids: darkroom's
-    # own limits apply instead (the pixel budget below, the render's memory and time limits)
-    limits = {"unlimited": True} if fmt == "avif" else {}
-    if fmt == "avif":
-        isobmff.check(data)
-    header = pyvips.Image.new_from_buffer(data, "", access="sequential", fail_on="error", **limits)
-    loader = header.get("vips-loader")
-    if not loader.startswith(_LOADER_NAMES):
-        raise UnsupportedFormatError(f"loader {loader} is not allowed")
-    _check_pixels(header.width, header.height, max_pixels)
-    if fmt == "gif":
-        _check_gif_frame(data)
-
+    header = _header(data, fmt, max_pixels)
+    limits = _HEIF_LIMITS if fmt == "avif" else {}
     width, height = _upright(header)
     # Untagged RGB is taken as sRGB already: converting sRGB→sRGB costs ~25% and changes nothing.
     tagged = header.get_typeof("icc-profile-data") or header.interpretation == "cmyk"
@@ -220,7 +209,7 @@ def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.I
         size,
         height=size,
         size="down",
-        option_string="fail_on=error" + (",unlimited=true" if limits else ""),
+        option_string="fail_on=error" + "".join(f",{k}=true" for k in limits),
         **(_COLOUR if tagged else {}),
     )  # thumbnail's own fail_on does not reach the loader: pass it in option_string
     frames = header.get("n-pages") if fmt in ("gif", "webp") and header.get_typeof("n-pages") else 1
@@ -232,6 +221,27 @@ def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.I
 # thumbnail imports with the embedded profile (CMYK falls back to a CMYK profile)
 # and exports sRGB; 16-bit inputs come out 8-bit.
 _COLOUR = {"output_profile": "srgb", "intent": "perceptual"}
+
+
+# libheif's fixed default limits (256 items, ...) refuse valid large grids: darkroom's own
+# apply instead (the pixel budget, the structure checks, the render's memory and time limits)
+_HEIF_LIMITS = {"unlimited": True}
+
+
+def _header(data: bytes, fmt: str, max_pixels: int) -> pyvips.Image:
+    """The header, after the structure checks libvips' loaders do not make; then the
+    pixel budget, before any pixel is decoded."""
+    if fmt == "avif":
+        isobmff.check(data)
+    limits = _HEIF_LIMITS if fmt == "avif" else {}
+    header = pyvips.Image.new_from_buffer(data, "", access="sequential", fail_on="error", **limits)
+    loader = header.get("vips-loader")
+    if not loader.startswith(_LOADER_NAMES):
+        raise UnsupportedFormatError(f"loader {loader} is not allowed")
+    _check_pixels(header.width, header.height, max_pixels)
+    if fmt == "gif":
+        _check_gif_frame(data)
+    return header
 
 
 def _check_gif_frame(data: bytes) -> None:
