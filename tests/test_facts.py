@@ -172,6 +172,14 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "source_profile": "U.S. Web Coated (SWOP) v2", "frames": 1,
     },
 }  # fmt: skip
+EXIF_PHOTOS = Path(__file__).parent / "exif-photos"
+NOKIA = {  # JPEG with OffsetTimeOriginal +03:00
+    "camera_make": "HMD Global", "camera_model": "Nokia 8.3 5G", "lens_model": None,
+    "taken_at_local": datetime(2022, 8, 14, 14, 12, 31),
+    "taken_at": datetime(2022, 8, 14, 11, 12, 31, tzinfo=UTC),
+    "exposure": {"f_number": 2.2, "exposure_time_s": 0.000541, "iso": 100,
+                 "focal_length_mm": 2.75},
+}  # fmt: skip
 CORPUS_EXPECTED = {
     "HMD_Nokia_8.3_5G.jpg": {  # JPEG with OffsetTimeOriginal +03:00
         "camera_make": "HMD Global", "camera_model": "Nokia 8.3 5G",
@@ -183,6 +191,7 @@ CORPUS_EXPECTED = {
 
 def _photos() -> list[tuple[Path, dict[str, Any]]]:
     chosen = [(PHOTOS / name, facts) for name, facts in EXPECTED.items()]
+    chosen.append((EXIF_PHOTOS / "HMD_Nokia_8.3_5G-800.jpg", NOKIA))
     if CORPUS.is_dir():
         chosen += [(CORPUS / name, facts) for name, facts in CORPUS_EXPECTED.items()]
     return chosen
