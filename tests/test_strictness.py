@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import pyvips
 
-from darkroom import isobmff, pipeline
+from darkroom import gif, isobmff, pipeline
 from darkroom.errors import CorruptImageError
 from darkroom.selfcheck import sample
 from darkroom.settings import parse_renditions
@@ -48,7 +48,9 @@ def test_gif_frame_short_of_its_pixels_is_corrupt() -> None:
     short = short_gif_frame(whole, 20)
     # libvips alone renders it, mostly transparent filler: the reason for the check
     assert pyvips.Image.new_from_buffer(short, "", fail_on="error").width == 400
-    with pytest.raises(CorruptImageError, match="GIF frame data is incomplete"):
+    with pytest.raises(
+        CorruptImageError, match=r"GIF frame data is incomplete: \d+ of 106800 pixels"
+    ):
         pipeline.render(short, SPECS, 10**8)
 
 
@@ -119,3 +121,29 @@ def test_corrupt_structures_fail_through_the_worker(file_env: Env, tmp_path: Pat
     assert [states[i] for i in ids] == [("processing_failed", "corrupt_image")] * len(bad) + [
         ("processed", None)
     ]
+
+
+def _tiny_gif(code_stream: bytes) -> bytes:
+    """A 2×2 GIF, 4-colour global table, LZW minimum code size 2, the given code bytes."""
+    header = b"GIF89a" + bytes([2, 0, 2, 0, 0x81, 0, 0]) + bytes(12)
+    image = b"\x2c" + bytes(4) + bytes([2, 0, 2, 0, 0]) + b"\x02"
+    return header + image + bytes([len(code_stream)]) + code_stream + b"\x00\x3b"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (_tiny_gif(bytes([4 | 7 << 3])), "code 7 is not defined"),  # clear, then an unknown code
+        (_tiny_gif(bytes([(4 | 5 << 6) & 255, 5 >> 2])), "1 of 4 pixels"),  # one pixel, end
+        (_tiny_gif(b"")[:-3], "ends inside its first frame"),
+        (b"GIF89a" + bytes([2, 0, 2, 0, 0, 0, 0]) + b"\x3b", "no image"),
+    ],
+)
+def test_gif_structure_errors(data: bytes, message: str) -> None:
+    with pytest.raises(CorruptImageError, match=message):
+        gif.check_first_frame(data)
+
+
+def test_valid_gifs_pass_the_frame_check() -> None:
+    for data in (sample("sample.gif"), (PHOTOS / "animated-loop-3.gif").read_bytes(), photo_gif()):
+        gif.check_first_frame(data)

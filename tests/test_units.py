@@ -107,7 +107,8 @@ def test_error_codes_are_unique_snake_case() -> None:
 
 
 LAYERS = {
-    "pipeline": {"errors", "settings", "exif", "isobmff", "placeholders"},
+    "pipeline": {"errors", "settings", "exif", "gif", "isobmff", "placeholders"},
+    "gif": {"errors"},
     "isobmff": {"errors"},
     "exif": set(),
     "placeholders": {"thumbhash"},

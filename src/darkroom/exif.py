@@ -16,7 +16,6 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import msgspec
-from PIL import Image
 
 MAX_EXIF_BYTES = 4 * 1024 * 1024  # far above any camera's; larger blocks are not read
 EARLIEST = datetime(1826, 1, 1)  # the first photograph
@@ -69,13 +68,16 @@ def read(raw: bytes | None, now: datetime | None = None) -> Capture:
 class _Tags:
     """The three IFDs darkroom reads, each tolerant of damage on its own."""
 
-    def __init__(self, exif: Image.Exif) -> None:
+    def __init__(self, exif: Any) -> None:
         self.main = _safe_dict(exif)
         self.exif = _sub_ifd(exif, _EXIF_IFD)
         self.gps = _sub_ifd(exif, _GPS_IFD)
 
 
 def _load(raw: bytes) -> _Tags:
+    # imported here: a render without EXIF does not map Pillow into its address space
+    from PIL import Image
+
     if raw.startswith(b"Exif\x00\x00"):
         raw = raw[6:]
     exif = Image.Exif()
@@ -83,14 +85,14 @@ def _load(raw: bytes) -> _Tags:
     return _Tags(exif)
 
 
-def _safe_dict(exif: Image.Exif) -> dict[int, Any]:
+def _safe_dict(exif: Any) -> dict[int, Any]:
     try:
         return dict(exif)
     except Exception:
         return {}
 
 
-def _sub_ifd(exif: Image.Exif, tag: int) -> dict[int, Any]:
+def _sub_ifd(exif: Any, tag: int) -> dict[int, Any]:
     try:
         return dict(exif.get_ifd(tag))
     except Exception:

@@ -8,6 +8,7 @@ outage is waited out in place (health.Gate), so it costs the photo no attempt.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -38,6 +39,11 @@ log = structlog.get_logger("darkroom.jobs")
 # A dependency error while the dependency answers its probe (a dropped connection, say)
 # is retried in place this many times before it counts as the photo's failure.
 IN_PLACE_RETRIES = 2
+
+
+def sha256_hex(data: bytes) -> str:
+    """The original's checksum, of exactly the bytes downloaded (hashlib frees the GIL)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def rendition_key(photo_id: uuid.UUID, name: str, ext: str) -> str:
@@ -132,6 +138,7 @@ class Jobs:
         with metrics.STAGE_SECONDS.labels("upload").time():
             renditions = await self._upload(task.photo_id, result)
         facts = result.facts.row(len(original), keep_location=self.settings.keep_location)
+        facts["original_sha256"] = await anyio.to_thread.run_sync(sha256_hex, original)
         with metrics.STAGE_SECONDS.labels("publish").time():
             published = await db.publish(self.pool, task.photo_id, facts, renditions)
         return "published" if published else "already"

@@ -8,7 +8,6 @@ other size cascaded from it. Outputs are upright, 8-bit sRGB, with no metadata a
 
 from __future__ import annotations
 
-import hashlib
 import io
 from collections.abc import Iterable
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import msgspec
 import pyvips
 
-from darkroom import exif, isobmff, placeholders
+from darkroom import exif, gif, isobmff, placeholders
 from darkroom.errors import (
     CorruptImageError,
     DarkroomError,
@@ -62,7 +61,6 @@ class Facts(msgspec.Struct, frozen=True):
     source_profile: str | None = None
     thumbhash: str | None = None
     dominant_color: str | None = None
-    original_sha256: str | None = None
     capture: exif.Capture = msgspec.field(default_factory=exif.Capture)
 
     def row(self, size: int, *, keep_location: bool) -> dict[str, Any]:
@@ -90,13 +88,7 @@ class RenderResult(msgspec.Struct, frozen=True):
 
 
 def configure() -> None:
-    """Process-wide libvips policy: no operation cache, only allow-listed loaders; libheif's
-    and Pillow's own size limits give way to darkroom's pixel budget, checked first."""
-    import pi_heif
-    from PIL import Image
-
-    pi_heif.options.DISABLE_SECURITY_LIMITS = True
-    Image.MAX_IMAGE_PIXELS = None
+    """Process-wide libvips policy: no operation cache, only allow-listed loaders."""
     pyvips.cache_set_max(0)
     pyvips.block_untrusted_set(True)
     pyvips.operation_block_set("VipsForeignLoad", True)
@@ -162,7 +154,6 @@ def _facts(base: pyvips.Image, source: Source, data: bytes) -> Facts:
         source_profile=profile_name(source.icc),
         thumbhash=placeholders.thumbhash_text(width, height, rgba),
         dominant_color=dominant[0] if dominant else None,
-        original_sha256=hashlib.sha256(data).hexdigest(),
         capture=exif.read(source.exif),
     )
 
@@ -240,21 +231,8 @@ def _header(data: bytes, fmt: str, max_pixels: int) -> pyvips.Image:
         raise UnsupportedFormatError(f"loader {loader} is not allowed")
     _check_pixels(header.width, header.height, max_pixels)
     if fmt == "gif":
-        _check_gif_frame(data)
+        gif.check_first_frame(data)
     return header
-
-
-def _check_gif_frame(data: bytes) -> None:
-    """libvips' GIF loader fills a frame whose LZW data stops short (the file then ends
-    properly) with transparent pixels; Pillow's decoder refuses it, so the first frame is
-    checked with it too (after the pixel budget: a few ms for a photo-sized GIF)."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data), formats=["GIF"]) as gif:
-            gif.load()
-    except Exception as exc:  # Pillow raises OSError, ValueError, SyntaxError...
-        raise CorruptImageError(f"GIF frame data is incomplete: {exc}") from None
 
 
 def _upright(header: pyvips.Image) -> tuple[int, int]:
@@ -273,8 +251,9 @@ def _check_pixels(width: int, height: int, max_pixels: int) -> None:
 
 def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image, Source]:
     """HEVC HEIC through libheif/libde265 (pi-heif); irot/imir are applied by libheif."""
-    import pi_heif
+    import pi_heif  # imported here: only HEIC renders pay for its address space
 
+    pi_heif.options.DISABLE_SECURITY_LIMITS = True  # darkroom's own limits apply (_header)
     isobmff.check(data)
     try:
         heif = pi_heif.open_heif(data, convert_hdr_to_8bit=True)
