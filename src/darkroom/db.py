@@ -243,7 +243,11 @@ async def request_rerender(
 @translated
 async def drop_rerender(pool: Pool, photo_id: uuid.UUID) -> None:
     """A re-render past the attempt cap is given up: the photo keeps what it had."""
-    await pool.execute("UPDATE photos SET rerender_requested_at = NULL WHERE id = $1", photo_id)
+    await pool.execute(
+        "UPDATE photos SET rerender_requested_at = NULL"
+        " WHERE id = $1 AND rerender_requested_at IS NOT NULL",
+        photo_id,
+    )
 
 
 RETRY_SQL = """
