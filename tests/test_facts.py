@@ -413,3 +413,21 @@ def test_failed_rerender_keeps_the_photo_published(file_env: Env) -> None:
     assert after["renditions"] == before["renditions"] and after["rerendered_at"] is None
     assert after["rerender_requested_at"] is not None  # left for the operator to find
     assert file_env.redis.xlen(file_env.dead) == 0
+
+
+def test_rerender_that_keeps_failing_is_given_up(file_env: Env) -> None:
+    """A re-render that keeps failing (here: over a tiny memory limit) is retried up to the
+    cap, then given up: the photo keeps its renditions and stays published, no loop."""
+    [photo_id] = file_env.ingest([PHOTOS / "iphone_13_pro_max.HEIC"])
+    file_env.cli("run", "--drain")
+    before = _row(file_env, photo_id)
+    file_env.cli("enqueue", "--rerender", str(photo_id))
+    file_env.cli("run", "--drain", DARKROOM_RENDER_MEMORY_MB="100", DARKROOM_MAX_ATTEMPTS="2",
+                 DARKROOM_RETRY_BASE_MS="100")  # fmt: skip
+    after = _row(file_env, photo_id)
+    assert (after["processing_state"], after["visibility"]) == ("processed", "published")
+    assert after["renditions"] == before["renditions"] and after["rerendered_at"] is None
+    assert after["rerender_requested_at"] is not None  # left for the operator to find
+    assert file_env.redis.xlen(file_env.stream) == 0 and file_env.redis.xlen(file_env.dead) == 0
+    jobs = file_env.query("SELECT attempt FROM photo_jobs WHERE photo_id = $1", photo_id)
+    assert jobs == [{"attempt": 3}]  # the first render, then two re-render attempts
