@@ -147,3 +147,15 @@ def test_gif_structure_errors(data: bytes, message: str) -> None:
 def test_valid_gifs_pass_the_frame_check() -> None:
     for data in (sample("sample.gif"), (PHOTOS / "animated-loop-3.gif").read_bytes(), photo_gif()):
         gif.check_first_frame(data)
+
+
+def test_alpha_planes_render() -> None:
+    """HEIC and AVIF with an alpha item (an `auxl` reference) keep their transparency."""
+    rgba = pyvips.Image.new_from_buffer(sample("alpha.png"), "")
+    avif = bytes(rgba.heifsave_buffer(compression="av1", Q=80))
+    heic = (Path(__file__).parent / "heif-samples" / "alpha.heic").read_bytes()
+    for data in (avif, heic):
+        result = pipeline.render(data, parse_renditions("t:64:png"), 10**8)
+        assert result.facts.has_alpha
+        out = pyvips.Image.new_from_buffer(result.renditions[0].data, "")
+        assert out.bands == 4 and out(18, 24)[3] == 0 and out(6, 8)[3] == 255
