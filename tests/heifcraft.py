@@ -97,24 +97,48 @@ def _infe(item: int, kind: bytes) -> bytes:
 
 
 def grid(
-    sample: bytes, columns: int, rows: int, refs: list[int] | None = None, cycle: bool = False
+    sample: bytes,
+    columns: int,
+    rows: int,
+    refs: list[int] | None = None,
+    cycle: bool = False,
+    *,
+    overlay: bool = False,
+    crop: int = 0,
 ) -> bytes:
     """A HEIC or AVIF grid of columns×rows copies of the sample's coded image (all tiles
     share one extent). `refs` overrides the grid's `dimg` references and `cycle` adds one
-    from the first tile back to the grid (both to make them invalid)."""
+    from the first tile back to the grid (both to make them invalid). `overlay` makes it an
+    `iovl` overlay instead, on a canvas one tile wider filled with opaque red; `crop`
+    adds a clean-aperture (`clap`) property taking `crop` px off each side."""
     tile = Tile(sample)
     av1c, pixi, coded, (tw, th) = tile.config, tile.pixi, tile.coded, tile.size
     tiles = list(range(2, 2 + columns * rows))
-    grid = struct.pack(">BBBBHH", 0, 0, rows - 1, columns - 1, tw * columns, th * rows)
+    width, height = tw * (columns + overlay), th * rows
+    grid = struct.pack(">BBBBHH", 0, 0, rows - 1, columns - 1, width, height)
+    if overlay:
+        offsets = [(c * tw, r * th) for r in range(rows) for c in range(columns)]
+        grid = struct.pack(">BB4HHH", 0, 0, 65535, 0, 0, 65535, width, height)
+        grid += b"".join(struct.pack(">hh", x, y) for x, y in offsets)
+    clap = full(b"clap", b"")[:8] + struct.pack(
+        ">8I", width - 2 * crop, 1, height - 2 * crop, 1, 0, 1, 0, 1
+    )  # centred: offsets 0
+    clap = struct.pack(">I", len(clap)) + clap[4:]
     ftyp = box(b"ftyp", tile.brand + b"\0\0\0\0" + b"mif1" + tile.brand + b"miaf")
     ipco = box(b"ipco", av1c + full(b"ispe", struct.pack(">II", tw, th))
-               + full(b"ispe", struct.pack(">II", tw * columns, th * rows)) + pixi)  # fmt: skip
-    assoc = struct.pack(">HBB", 1, 1, 3)
+               + full(b"ispe", struct.pack(">II", width, height)) + pixi
+               + (clap if crop else b""))  # fmt: skip
+    clap_index = 5 if pixi else 4
+    assoc = (
+        struct.pack(">HBB", 1, 1, 3)
+        if not crop
+        else struct.pack(">HBBB", 1, 2, 3, 0x80 | clap_index)
+    )
     tile_props = struct.pack(">BBB", 0x81, 2, 4) if pixi else struct.pack(">BB", 0x81, 2)
     assoc += b"".join(struct.pack(">HB", t, len(tile_props)) + tile_props for t in tiles)
     ipma = full(b"ipma", struct.pack(">I", 1 + len(tiles)) + assoc)
     iinf = full(b"iinf", struct.pack(">H", 1 + len(tiles))
-                + full(b"infe", struct.pack(">HH4s", 1, 0, b"grid") + b"\0", version=2)
+                + _infe(1, b"iovl" if overlay else b"grid")
                 + b"".join(_infe(t, tile.item_type) for t in tiles))  # fmt: skip
     targets = tiles if refs is None else refs
     iref = full(b"iref", box(b"dimg", struct.pack(">HH", 1, len(targets))

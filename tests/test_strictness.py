@@ -159,3 +159,15 @@ def test_alpha_planes_render() -> None:
         assert result.facts.has_alpha
         out = pyvips.Image.new_from_buffer(result.renditions[0].data, "")
         assert out.bands == 4 and out(18, 24)[3] == 0 and out(6, 8)[3] == 255
+
+
+@pytest.mark.parametrize("fmt", ["heic", "avif"])
+def test_overlays_and_clean_aperture_crops_render(fmt: str) -> None:
+    tile_w, tile_h = (64, 64) if fmt == "heic" else (24, 32)
+    specs = parse_renditions("t:4000:png")
+    overlay = pipeline.render(grid(sample(f"sample.{fmt}"), 2, 1, overlay=True), specs, 10**8)
+    assert (overlay.facts.width, overlay.facts.height) == (3 * tile_w, tile_h)
+    canvas = pyvips.Image.new_from_buffer(overlay.renditions[0].data, "")
+    assert canvas(canvas.width - 2, 2)[:3] == [255, 0, 0]  # the overlay's fill colour
+    cropped = pipeline.render(grid(sample(f"sample.{fmt}"), 2, 2, crop=4), specs, 10**8)
+    assert (cropped.facts.width, cropped.facts.height) == (2 * tile_w - 8, 2 * tile_h - 8)
