@@ -107,7 +107,13 @@ def test_error_codes_are_unique_snake_case() -> None:
 
 
 LAYERS = {
-    "pipeline": {"errors", "settings"},
+    "pipeline": {"errors", "settings", "exif", "gif", "isobmff", "placeholders"},
+    "gif": {"errors"},
+    "isobmff": {"errors"},
+    "exif": set(),
+    "placeholders": {"thumbhash"},
+    "thumbhash": set(),
+    "selfcheck": {"pipeline", "settings"},
     "policy": {"errors"},
     "messages": {"errors"},
     "settings": {"errors"},
@@ -138,7 +144,18 @@ def test_imports_point_down(module: str) -> None:
     imported = _imports(module)
     ours = {name.split(".")[1] for name in imported if name.startswith("darkroom.")}
     assert ours <= LAYERS[module]
-    if module in ("pipeline", "policy", "messages", "settings", "pacing", "inflight"):
+    if module in (
+        "pipeline",
+        "policy",
+        "messages",
+        "settings",
+        "pacing",
+        "inflight",
+        "exif",
+        "placeholders",
+        "thumbhash",
+        "selfcheck",
+    ):
         assert not {name.split(".")[0] for name in imported} & IO_LIBRARIES
 
 

@@ -12,13 +12,14 @@ import signal
 import sys
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
 import structlog
 
-from darkroom import __version__, db, metrics, ops
+from darkroom import __version__, db, metrics, ops, selfcheck
 from darkroom.errors import DarkroomError, SettingsError, first_error
 from darkroom.messages import task_fields
 from darkroom.services import services, storage_for
@@ -55,8 +56,14 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="create the database if missing and apply schema.sql")
     ingest = sub.add_parser("ingest", help="store originals, insert photos rows, XADD them")
     ingest.add_argument("files", nargs="+", type=Path)
-    enqueue = sub.add_parser("enqueue", help="XADD existing photos again")
-    enqueue.add_argument("photo_ids", nargs="+", type=uuid.UUID)
+    enqueue = sub.add_parser("enqueue", help="XADD existing photos again (or re-render them)")
+    enqueue.add_argument("photo_ids", nargs="*", type=uuid.UUID)
+    enqueue.add_argument(
+        "--rerender", action="store_true", help="re-render processed photos in place"
+    )
+    enqueue.add_argument("--state", choices=["processed"], help="with --since: select by state")
+    enqueue.add_argument("--since", type=_timestamp, help="with --state processed: processed since")
+    sub.add_parser("check", help="self-check: every format decodes/encodes; prints a table")
     retry = sub.add_parser("retry", help="reset failed photos to uploaded and enqueue them")
     retry.add_argument("photo_ids", nargs="+", type=uuid.UUID)
     run = sub.add_parser("run", help="run the worker until SIGTERM/SIGINT")
@@ -126,7 +133,17 @@ def _safe_name(name: str) -> str:
     return cleaned[:120] or "original"
 
 
+def _timestamp(raw: str) -> datetime:
+    value = datetime.fromisoformat(raw)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
 async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
+    if args.rerender or args.state or args.since:
+        return await ops.cmd_rerender(settings, args)
+    if not args.photo_ids:
+        print("darkroom: enqueue needs PHOTO_ID...", file=sys.stderr)
+        return 2
     async with services(settings, 1) as (pool, streams):
         await streams.ensure_group()
         for photo_id in args.photo_ids:
@@ -137,6 +154,11 @@ async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    failed = selfcheck.failures(selfcheck.run(settings.renditions))
+    if failed:
+        names = ", ".join(f"{c.name} ({c.detail})" for c in failed)
+        print(f"darkroom: self-check failed, not starting: {names}", file=sys.stderr)
+        return 2
     async with (
         services(settings, settings.in_flight_bound + 2) as (pool, streams),
         storage_for(settings) as storage,
@@ -187,7 +209,14 @@ async def _run_until_signalled(worker: Worker, drain: bool) -> int:
     return 1 if worker.drain_failed is not None else 0
 
 
+async def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
+    checks = selfcheck.run(settings.renditions)
+    print(selfcheck.table(checks))
+    return 2 if selfcheck.failures(checks) else 0
+
+
 COMMANDS = {
+    "check": cmd_check,
     "migrate": cmd_migrate,
     "ingest": cmd_ingest,
     "enqueue": cmd_enqueue,

@@ -99,3 +99,26 @@ async def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
                 print(f"{photo_id} is not processing_failed; left alone", file=sys.stderr)
                 status = 1
     return status
+
+
+async def cmd_rerender(settings: Settings, args: argparse.Namespace) -> int:
+    """Re-render processed photos in place (after DARKROOM_RENDITIONS changed or an
+    upgrade): mark them, then XADD. They stay published throughout."""
+    if not args.rerender or (args.state is None) != (args.since is None):
+        print("darkroom: use enqueue --rerender PHOTO_ID... and/or --state processed --since "
+              "DATE", file=sys.stderr)  # fmt: skip
+        return 2
+    if not args.photo_ids and args.since is None:
+        print("darkroom: enqueue --rerender needs PHOTO_ID... or --since", file=sys.stderr)
+        return 2
+    async with services(settings, 1) as (pool, streams):
+        await streams.ensure_group()
+        marked = await db.request_rerender(pool, list(args.photo_ids), args.since)
+        for photo_id in marked:
+            entry_id = await streams.enqueue(task_fields(photo_id))
+            await db.record_requeued(pool, photo_id, entry_id)
+            print(photo_id, entry_id, flush=True)
+    left = sorted(set(args.photo_ids) - set(marked))
+    for photo_id in left:
+        print(f"{photo_id} is not processed; left alone", file=sys.stderr)
+    return 1 if left else 0

@@ -92,6 +92,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Entries held at once (downloading, waiting for a render slot, uploading); 0 means
     # 2 × concurrency. Render slots stay `concurrency`: the extra entries keep them fed.
     max_in_flight: int = 0
+    keep_location: bool = False
 
     @property
     def in_flight_bound(self) -> int:
@@ -151,6 +152,13 @@ def _nonempty(raw: str) -> str:
     return raw
 
 
+def _boolean(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError("must be true or false")
+    return value in ("true", "1", "yes")
+
+
 PARSERS: dict[str, Callable[[str], Any]] = {
     "redis_url": lambda raw: parse_redis_url(raw).url,  # validated here, opened by streams
     "database_url": _url("postgres", "postgresql"),
@@ -177,6 +185,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "log_format": _choice("json", "console"),
     "log_level": _choice("debug", "info", "warning", "error"),
     "max_in_flight": _positive(int),
+    "keep_location": _boolean,
 }
 
 
