@@ -52,3 +52,9 @@ CREATE TABLE IF NOT EXISTS photo_jobs (
 
 CREATE INDEX IF NOT EXISTS photo_jobs_unfinished_idx
     ON photo_jobs (updated_at) WHERE state IN ('pending', 'active');
+
+-- the operator's page: keyset pages of photos (newest first, by state) and the throughput chart
+CREATE INDEX IF NOT EXISTS photos_updated_idx ON photos (updated_at, id);
+CREATE INDEX IF NOT EXISTS photos_state_updated_idx ON photos (processing_state, updated_at, id);
+CREATE INDEX IF NOT EXISTS photos_processed_at_idx ON photos (processed_at)
+    WHERE processed_at IS NOT NULL;

@@ -89,6 +89,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_port: int = 0
     log_format: Literal["json", "console"] = "json"
     log_level: str = "info"
+    web_host: str = "127.0.0.1"
+    web_port: int = 8080
+    web_token: str | None = None
 
 
 T = TypeVar("T")
@@ -138,6 +141,20 @@ def _port(raw: str) -> int:
     return value
 
 
+def _tcp_port(raw: str) -> int:
+    value = int(raw)
+    if not 1 <= value <= 65535:
+        raise ValueError("must be a TCP port (1..65535)")
+    return value
+
+
+def _token(raw: str) -> str:
+    # Guessable tokens defeat the point; 16 characters is the floor (32 random bytes is better).
+    if len(raw.strip()) < 16 or raw != raw.strip():
+        raise ValueError("must be at least 16 characters, without surrounding spaces")
+    return raw
+
+
 def _nonempty(raw: str) -> str:
     if not raw.strip():
         raise ValueError("must not be empty")
@@ -169,7 +186,14 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "metrics_port": _port,
     "log_format": _choice("json", "console"),
     "log_level": _choice("debug", "info", "warning", "error"),
+    "web_host": _nonempty,
+    "web_port": _tcp_port,
+    "web_token": _token,
 }
+
+
+# Never echoed back in an error message.
+SECRETS = frozenset({"web_token"})
 
 
 def env_name(field: str) -> str:
@@ -187,7 +211,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         try:
             values[field] = parse(raw)
         except ValueError as exc:
-            raise SettingsError(env_name(field), f"{exc} (got {raw!r})") from None
+            shown = "a hidden value" if field in SECRETS else repr(raw)
+            raise SettingsError(env_name(field), f"{exc} (got {shown})") from None
     known = {env_name(f) for f in PARSERS}
     for name in environ:
         if name.startswith("DARKROOM_") and name not in known:

@@ -1,0 +1,116 @@
+"""Start-up: the host/token rule, the Starlette app, its routes and security headers."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import sys
+from collections.abc import AsyncIterator
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from darkroom.errors import DarkroomError
+from darkroom.services import services, storage_for
+from darkroom.settings import Settings
+from darkroom.web import actions, pages
+from darkroom.web.auth import Auth
+from darkroom.web.render import HERE, Deps, on_dependency_error, on_http_error
+
+CSP = (
+    "default-src 'none'; img-src 'self'; style-src 'self'; script-src 'self'; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+async def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
+    if settings.web_token is None and not is_loopback(settings.web_host):
+        print(
+            f"darkroom: invalid setting DARKROOM_WEB_TOKEN: must be set to serve the page on "
+            f"the non-loopback host {settings.web_host!r} (DARKROOM_WEB_HOST)",
+            file=sys.stderr,
+        )
+        return 2
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.web_host,
+        port=settings.web_port,
+        log_level=settings.log_level,
+        proxy_headers=False,
+        server_header=False,
+    )
+    await uvicorn.Server(config).serve()
+    return 0
+
+
+def create_app(settings: Settings) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with services(settings, 4) as (pool, streams), storage_for(settings) as storage:
+            app.state.deps = Deps(settings, pool, streams, storage, Auth(settings.web_token))
+            yield
+
+    app = Starlette(
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: on_http_error, DarkroomError: on_dependency_error},
+    )
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+class SecurityHeaders:
+    """Content-Security-Policy (no inline script or style) and friends on every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] += [
+                    (b"content-security-policy", CSP.encode()),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"referrer-policy", b"no-referrer"),
+                    (b"x-frame-options", b"DENY"),
+                ]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+ROUTES = [
+    Route("/", pages.overview),
+    Route("/api/status", pages.api_status),
+    Route("/photos", pages.photos),
+    Route("/photos/{photo_id:uuid}", pages.photo),
+    Route("/api/photos/{photo_id:uuid}", pages.api_photo),
+    Route("/photos/{photo_id:uuid}/renditions/{index:int}", pages.rendition),
+    Route("/photos/{photo_id:uuid}/original", pages.original),
+    Route("/photos/{photo_id:uuid}/original", actions.restore_original, methods=["POST"]),
+    Route("/photos/{photo_id:uuid}/retry", actions.retry, methods=["POST"]),
+    Route("/dead-letters", pages.dead_letter_list),
+    Route("/dead-letters/replay", actions.replay, methods=["POST"]),
+    Route("/login", actions.login_page),
+    Route("/login", actions.login, methods=["POST"]),
+    Route("/logout", actions.logout, methods=["POST"]),
+    Route("/metrics", pages.queue_metrics),
+    Route("/livez", pages.livez),
+    Route("/favicon.ico", pages.favicon),
+    Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+]
