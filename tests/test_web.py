@@ -135,7 +135,7 @@ def test_processed_photo_page_shows_its_renditions(file_env: Env, page: Page) ->
     served = httpx.get(base + renditions[0]["url"])
     assert served.headers["content-type"] == f"image/{renditions[0]['format']}"
     if SCREENSHOTS:
-        page.screenshot(path=f"{SCREENSHOTS}/web-photo.png", full_page=True)
+        page.screenshot(path=f"{SCREENSHOTS}/web-photo.jpg", full_page=True, quality=80)
 
 
 def test_operator_restores_the_original_replays_it_and_watches_it_processed(

@@ -27,9 +27,13 @@ PAGE = 500
 async def status_report(pool: db.Pool, streams: Streams) -> dict[str, Any]:
     report = {**await streams.status(), "photos": await db.count_by_state(pool)}
     report["failures"] = await db.count_failures(pool)
-    for consumer in report["consumers"]:
-        consumer["idle_past_bound"] = consumer["idle_ms"] > IDLE_BOUND_MS
+    mark_idle(report["consumers"])
     return report
+
+
+def mark_idle(consumers: list[dict[str, Any]], bound_ms: int = IDLE_BOUND_MS) -> None:
+    for consumer in consumers:
+        consumer["idle_past_bound"] = consumer["idle_ms"] > bound_ms
 
 
 async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
