@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import re
@@ -136,6 +137,22 @@ async def test_a_consumer_holding_entries_is_never_removed(file_env: Env) -> Non
     finally:
         await client.aclose()
     assert consumers(file_env) == {"holder": 1}
+
+
+async def test_two_replays_of_one_letter_enqueue_it_once(file_env: Env) -> None:
+    """Two replays of the same dead letter at once (a double click) enqueue it once."""
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        streams = Streams(client, file_env.stream, "darkroom", "c", file_env.dead)
+        letter = await streams.dead_letter(await streams.enqueue({"photo_id": "p"}), {"a": "b"})
+        results = await asyncio.gather(
+            *(streams.replay_once(letter, {"photo_id": "p"}) for _ in range(2))
+        )
+    finally:
+        await client.aclose()
+    assert sorted(r is None for r in results) == [False, True]
+    assert file_env.redis.xlen(file_env.dead) == 0
+    assert [f for _, f in file_env.redis.xrange(file_env.stream)] == [{"photo_id": "p"}]
 
 
 def test_consumers_prune_removes_idle_consumers_with_nothing_pending(file_env: Env) -> None:

@@ -158,6 +158,7 @@ def test_operator_restores_the_original_replays_it_and_watches_it_processed(
     expect(page.locator("#notice")).to_contain_text("Replayed 1 letter")
     page.goto(base)
     expect(page.locator("#states [data-state=processed]")).to_have_text("2", timeout=60_000)
+    page.wait_for_function("document.getElementById('live').dataset.refreshedAt")
     assert state_of(file_env, bad_id) == "processed"
     assert file_env.redis.xlen(file_env.dead) == 0
     page.goto(f"{base}/photos/{bad_id}")

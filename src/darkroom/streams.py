@@ -262,6 +262,24 @@ class Streams:
         start = "-" if after == "-" else f"({after}"
         return _entries(await self.client.xrange(self.dead_stream, start, "+", count=count) or [])
 
+    @translated
+    async def replay_once(self, dead_id: str, fields: dict[str, str]) -> str | None:
+        """Move one dead letter back to the work stream only if it is still there, in one
+        script: two operators replaying at once (a double click) enqueue it once. The new
+        entry id, or None if another replay took the letter first."""
+        flat = [item for pair in fields.items() for item in pair]
+        new_id = await self.client.eval(
+            _REPLAY_IF_PRESENT, 2, self.dead_stream, self.stream, dead_id, *flat
+        )
+        return str(new_id) if new_id else None
+
+
+# KEYS[1] dead-letter stream, KEYS[2] work stream (one hash slot); ARGV[1] letter id, then
+# the new entry's fields. Returns the new entry id, or false if the letter was gone.
+_REPLAY_IF_PRESENT = """
+if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return false end
+return redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
+"""
 
 # KEYS[1] stream; ARGV group, consumer, min idle ms. Returns 1 removed, 0 kept, -1 unknown.
 _DELCONSUMER_IF_IDLE = """

@@ -50,7 +50,6 @@ async def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
         host=settings.web_host,
         port=settings.web_port,
         log_level=settings.log_level,
-        proxy_headers=False,
         server_header=False,
     )
     await uvicorn.Server(config).serve()
