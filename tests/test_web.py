@@ -225,6 +225,10 @@ def test_json_api_returns_the_status_and_a_photo(file_env: Env) -> None:
     assert original.headers["content-type"] == "image/jpeg"
     text_original = httpx.get(f"{base}/photos/{bad_id}/original")
     assert text_original.headers["content-disposition"] == "attachment"
+    for path in (file_env.tmp / "var" / "storage" / "originals" / str(bad_id)).iterdir():
+        path.unlink()
+    gone = httpx.get(f"{base}/photos/{bad_id}/original")
+    assert gone.status_code == 404 and "original_missing" in gone.json()["error"]
 
 
 def test_without_a_token_the_page_is_read_only(file_env: Env, page: Page) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
@@ -45,8 +46,7 @@ def done(kind: str, to: str, payload: dict[str, Any]) -> Response:
     """Scripts get JSON; a browser goes back to the page (303), which shows the result."""
     if kind == "bearer":
         return json_response(payload)
-    query = "&".join(f"{k}={v}" for k, v in payload.items() if isinstance(v, int | bool))
-    return RedirectResponse(f"{to}?{query}", 303)
+    return RedirectResponse(f"{to}?{urlencode(payload)}", 303)
 
 
 async def replay(request: Request) -> Response:

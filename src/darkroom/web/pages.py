@@ -14,7 +14,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from darkroom import chart, db, metrics, ops
-from darkroom.storage import CONTENT_TYPES
+from darkroom.errors import OriginalMissingError, OriginalTooLargeError
+from darkroom.storage import CONTENT_TYPES, Storage
 from darkroom.web.render import Deps, deps, json_response, render
 
 PAGE_SIZE = 50
@@ -112,10 +113,21 @@ async def rendition(request: Request) -> Response:
     if index >= len(row["renditions"]):
         raise HTTPException(404, "no such rendition")
     item = row["renditions"][index]
-    data = await deps(request).storage.get(item["key"], 1 << 30)
+    data = await fetch(deps(request).storage, item["key"], 1 << 30)
     content_type = CONTENT_TYPES.get(item.get("format", ""), "application/octet-stream")
     return Response(data, media_type=content_type,
                     headers={"cache-control": "private, max-age=60"})  # fmt: skip
+
+
+async def fetch(storage: Storage, key: str, max_bytes: int) -> bytes:
+    """An object from storage; a missing or oversized one is the photo's problem (404/413),
+    not an outage (503)."""
+    try:
+        return await storage.get(key, max_bytes)
+    except OriginalMissingError as exc:
+        raise HTTPException(404, f"{exc.code}: {exc}") from None
+    except OriginalTooLargeError as exc:
+        raise HTTPException(413, f"{exc.code}: {exc}") from None
 
 
 # Raster types a browser shows safely; anything else (HEIC, AVIF, unknown) is a download,
@@ -133,7 +145,7 @@ def sniff_inline(data: bytes) -> str | None:
 async def original(request: Request) -> Response:
     row = await photo_or_404(request)
     d = deps(request)
-    data = await d.storage.get(row["original_key"], d.settings.max_original_bytes)
+    data = await fetch(d.storage, row["original_key"], d.settings.max_original_bytes)
     inline = sniff_inline(data)
     headers = {"cache-control": "no-store"}
     if inline is None:
