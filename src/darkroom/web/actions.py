@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 from urllib.parse import urlencode
 
+import structlog
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -17,6 +18,7 @@ from darkroom.web.auth import COOKIE, Session
 from darkroom.web.pages import photo_or_404
 from darkroom.web.render import deps, json_response, render, set_session_cookie
 
+log = structlog.get_logger("darkroom.web")
 REPLAY_MAX = 1000  # letters replayed per click; the page says when more remain
 
 
@@ -59,6 +61,7 @@ async def replay(request: Request) -> Response:
     for letter in letters:
         replayed += await ops.replay_letter(d.pool, d.streams, letter) is not None
     more = len(letters) == REPLAY_MAX
+    log.info("dead letters replayed", via=kind, code=code, replayed=replayed, more=more)
     payload = {"replayed": replayed, "skipped": len(letters) - replayed, "more": more}
     return done(kind, "/dead-letters", {**payload, **({"code": code} if code else {})})
 
@@ -70,6 +73,7 @@ async def retry(request: Request) -> Response:
     entry_id = await ops.retry_photo(d.pool, d.streams, photo_id)
     if entry_id is None:
         raise HTTPException(409, "the photo is not processing_failed; nothing to retry")
+    log.info("photo retried", via=kind, photo_id=str(photo_id), entry_id=entry_id)
     return done(kind, f"/photos/{photo_id}", {"retried": True, "entry_id": entry_id})
 
 
@@ -92,6 +96,8 @@ async def restore_original(request: Request) -> Response:
     retried = bool(form.get("retry")) and (
         await ops.retry_photo(d.pool, d.streams, row["id"]) is not None
     )
+    log.info("original restored", via=kind, photo_id=str(row["id"]), key=row["original_key"],
+             bytes=len(data), retried=retried)  # fmt: skip
     return done(kind, f"/photos/{row['id']}", {"restored": len(data), "retried": retried})
 
 
@@ -114,10 +120,12 @@ async def login(request: Request) -> Response:
     if not auth.enabled or session is None or not auth.csrf_ok(session, form.get("csrf")):
         raise HTTPException(403, "missing or wrong CSRF token: reload the login page")
     if not auth.token_matches(str(form.get("token") or "")):
+        log.warning("wrong token at login", client=request.client.host if request.client else None)
         return render(request, "login.html", 403, next=safe_next(form.get("next")),
                       error="wrong token")  # fmt: skip
     response = RedirectResponse(safe_next(form.get("next")), 303)
     set_session_cookie(request, response, auth.new_session(operator=True)[1])
+    log.info("operator logged in", client=request.client.host if request.client else None)
     return response
 
 

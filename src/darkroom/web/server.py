@@ -6,8 +6,10 @@ import argparse
 import contextlib
 import ipaddress
 import sys
+import time
 from collections.abc import AsyncIterator
 
+import structlog
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,6 +23,8 @@ from darkroom.settings import Settings
 from darkroom.web import actions, pages
 from darkroom.web.auth import Auth
 from darkroom.web.render import HERE, Deps, on_dependency_error, on_http_error
+
+log = structlog.get_logger("darkroom.web")
 
 CSP = (
     "default-src 'none'; img-src 'self'; style-src 'self'; script-src 'self'; "
@@ -49,9 +53,12 @@ async def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
         create_app(settings),
         host=settings.web_host,
         port=settings.web_port,
-        log_level=settings.log_level,
+        log_config=None,  # darkroom's own JSON lines (AccessLog); uvicorn's errors still show
+        access_log=False,
         server_header=False,
     )
+    log.info("web started", host=settings.web_host, port=settings.web_port,
+             read_only=settings.web_token is None)  # fmt: skip
     await uvicorn.Server(config).serve()
     return 0
 
@@ -69,7 +76,33 @@ def create_app(settings: Settings) -> Starlette:
         exception_handlers={HTTPException: on_http_error, DarkroomError: on_dependency_error},
     )
     app.add_middleware(SecurityHeaders)
+    app.add_middleware(AccessLog)
     return app
+
+
+class AccessLog:
+    """One log line per request: method, path, status and duration."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, status = time.monotonic(), 500
+
+        async def send_noting_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_noting_status)
+        finally:
+            log.info("request", method=scope["method"], path=scope["path"], status=status,
+                     seconds=round(time.monotonic() - started, 4))  # fmt: skip
 
 
 class SecurityHeaders:
