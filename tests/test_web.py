@@ -104,7 +104,7 @@ def test_overview_shows_what_the_database_holds(file_env: Env, page: Page) -> No
     expect(page.locator("#failures [data-code=unsupported_format]")).to_have_text("1")
     expect(page.locator("svg.chart rect.ok").first).to_be_attached()
     if SCREENSHOTS:
-        page.screenshot(path=f"{SCREENSHOTS}/web-overview.png", full_page=True)
+        page.screenshot(path=f"{SCREENSHOTS}/web-overview-test.png", full_page=True)
 
 
 def test_failed_photo_is_found_from_the_failures_by_code_link(file_env: Env, page: Page) -> None:
@@ -118,6 +118,7 @@ def test_failed_photo_is_found_from_the_failures_by_code_link(file_env: Env, pag
     expect(page.locator("#error-code")).to_have_text("unsupported_format")
     expect(page.locator("#state")).to_have_text("processing_failed")
     expect(page.locator("#last-error")).not_to_be_empty()
+    expect(page.locator("img.original")).to_have_count(1)  # a text file: shown as its alt text
 
 
 def test_processed_photo_page_shows_its_renditions(file_env: Env, page: Page) -> None:
