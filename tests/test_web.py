@@ -16,7 +16,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from tests.conftest import PHOTOS, Env, free_port
+from tests.conftest import PHOTOS, Env, free_port, s3_client
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -264,3 +264,18 @@ def test_the_session_cookie_is_httponly_and_strict(file_env: Env) -> None:
         assert ok.status_code == 303 and ok.headers["location"] == "/"
         cookie = ok.headers["set-cookie"].lower()
         assert "httponly" in cookie and "samesite=strict" in cookie and TOKEN not in cookie
+
+
+def test_renditions_are_served_from_s3(s3_env: Env) -> None:
+    """With S3 storage the page serves the very bytes of each rendition object."""
+    (photo_id,) = s3_env.ingest([PHOTOS / "4.webp"])
+    s3_env.cli("run", "--drain")
+    base = start_web(s3_env)
+    renditions = httpx.get(f"{base}/api/photos/{photo_id}").json()["renditions"]
+    bucket, prefix = s3_env.vars["DARKROOM_STORAGE_URL"].removeprefix("s3://").split("/", 1)
+    client = s3_client(s3_env.vars["DARKROOM_S3_ENDPOINT_URL"])
+    for rendition in renditions:
+        served = httpx.get(base + rendition["url"])
+        stored = client.get_object(Bucket=bucket, Key=f"{prefix}/{rendition['key']}")
+        assert served.content == stored["Body"].read()
+        assert served.headers["content-type"] == f"image/{rendition['format']}"
