@@ -279,3 +279,22 @@ def test_renditions_are_served_from_s3(s3_env: Env) -> None:
         stored = client.get_object(Bucket=bucket, Key=f"{prefix}/{rendition['key']}")
         assert served.content == stored["Body"].read()
         assert served.headers["content-type"] == f"image/{rendition['format']}"
+
+
+def test_photo_pages_follow_each_other_without_gaps(file_env: Env, page: Page) -> None:
+    """The photos list pages newest first; following "older" links visits every photo once,
+    and the state filter keeps to its photos."""
+    ids = file_env.ingest(
+        [PHOTOS / "4.webp", PHOTOS / "Landscape_1.jpg", PHOTOS / "Landscape_2.jpg"]
+    )
+    base = start_web(file_env)
+    page.goto(f"{base}/photos?limit=2")
+    seen: list[str] = []
+    while True:
+        seen += page.locator("a.photo-link code").all_inner_texts()
+        if not page.locator("#next-page").count():
+            break
+        page.click("#next-page")
+    assert sorted(seen) == sorted(map(str, ids)) and seen == list(reversed([str(i) for i in ids]))
+    page.goto(f"{base}/photos?state=processed")
+    expect(page.locator("a.photo-link")).to_have_count(0)

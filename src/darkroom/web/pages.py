@@ -19,6 +19,7 @@ from darkroom.storage import CONTENT_TYPES, Storage
 from darkroom.web.render import Deps, deps, json_response, render
 
 PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
 STATES = ("uploaded", "processing", "processed", "processing_failed")
 
 
@@ -64,15 +65,24 @@ async def photos(request: Request) -> Response:
     if state is not None and state not in STATES:
         raise HTTPException(400, f"state must be one of {', '.join(STATES)}")
     code = q.get("code") or None
+    size = page_size(q.get("limit"))
     rows = await db.page_photos(
-        deps(request).pool, state, code, PAGE_SIZE + 1, parse_before(q.get("before"))
+        deps(request).pool, state, code, size + 1, parse_before(q.get("before"))
     )
-    more, rows = len(rows) > PAGE_SIZE, rows[:PAGE_SIZE]
+    more, rows = len(rows) > size, rows[:size]
     for row in rows:
         row["thumb"] = thumbnail_index(decode_renditions(row["renditions"]))
     cursor = f"{rows[-1]['updated_at'].isoformat()}_{rows[-1]['id']}" if more else None
     return render(request, "photos.html", rows=rows, state=state, code=code, cursor=cursor,
-                  states=STATES)  # fmt: skip
+                  states=STATES, limit=size)  # fmt: skip
+
+
+def page_size(raw: str | None) -> int:
+    if not raw:
+        return PAGE_SIZE
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE_SIZE:
+        raise HTTPException(400, f"limit must be 1..{MAX_PAGE_SIZE}")
+    return int(raw)
 
 
 def decode_renditions(text: str | None) -> list[dict[str, Any]]:
