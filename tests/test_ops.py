@@ -4,24 +4,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import re
 import shutil
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 import yaml
+from prometheus_client import REGISTRY
 
 from darkroom import chart, metrics, ops
 from darkroom.progress import Pacer, Progress, parse_rate
 from darkroom.streams import Streams
 from darkroom.web.auth import Auth
-from tests.conftest import PHOTOS, REDIS_URL, Env
+from tests.conftest import PHOTOS, REDIS_URL, Env, free_port
 
 ROOT = Path(__file__).parents[1]
 ALERTS = ROOT / "deploy" / "prometheus"
@@ -270,3 +273,24 @@ def test_promtool_checks_the_rules_and_their_unit_tests() -> None:
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert "SUCCESS" in result.stdout
+
+
+def test_a_worker_exports_which_dependency_it_sees_down(file_env: Env) -> None:
+    """The worker's /metrics has darkroom_dependency_down per dependency (0 while all is
+    well), the gauge the DarkroomDependencyDown alert reads."""
+    port = free_port()
+    worker = file_env.start("run", DARKROOM_METRICS_PORT=str(port))
+    deadline, body = time.monotonic() + 30, ""
+    while 'darkroom_dependency_down{dependency="storage"}' not in body:
+        assert time.monotonic() < deadline and worker.poll() is None
+        time.sleep(0.2)
+        with contextlib.suppress(OSError):
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+            body = body.decode()
+    for dependency in ("queue", "database", "storage"):
+        assert f'darkroom_dependency_down{{dependency="{dependency}"}} 0.0' in body
+    down: set[str] = set()
+    metrics.watch_outages(down, ["queue"])
+    down.add("queue")
+    sample = REGISTRY.get_sample_value("darkroom_dependency_down", {"dependency": "queue"})
+    assert sample == 1.0
