@@ -5,6 +5,7 @@ with a real worker where photos must be processed."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -298,3 +299,17 @@ def test_photo_pages_follow_each_other_without_gaps(file_env: Env, page: Page) -
     assert sorted(seen) == sorted(map(str, ids)) and seen == list(reversed([str(i) for i in ids]))
     page.goto(f"{base}/photos?state=processed")
     expect(page.locator("a.photo-link")).to_have_count(0)
+
+
+def test_sigterm_stops_the_page_cleanly_and_a_taken_port_is_a_clear_error(file_env: Env) -> None:
+    """SIGTERM ends `darkroom web` with exit 0; a second one on the same port exits 1 with
+    a message, no traceback."""
+    base = start_web(file_env)
+    port = base.rsplit(":", 1)[1]
+    taken = file_env.cli("web", check=False, timeout=30, DARKROOM_WEB_PORT=port)
+    assert taken.returncode == 1 and "cannot serve on" in taken.stderr
+    assert "Traceback" not in taken.stderr
+    web = file_env.procs[-1]
+    web.send_signal(signal.SIGTERM)
+    web.communicate(timeout=30)
+    assert web.returncode == 0

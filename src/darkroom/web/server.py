@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ipaddress
+import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
+import anyio
 import structlog
 import uvicorn
 from starlette.applications import Starlette
@@ -59,8 +61,38 @@ async def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
     )
     log.info("web started", host=settings.web_host, port=settings.web_port,
              read_only=settings.web_token is None)  # fmt: skip
-    await uvicorn.Server(config).serve()
+    if not await serve_until_signalled(QuietServer(config)):
+        print(f"darkroom: web: cannot serve on {settings.web_host}:{settings.web_port}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     return 0
+
+
+class QuietServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # darkroom handles SIGTERM/SIGINT itself: finish requests, exit 0, as the worker
+
+
+async def serve_until_signalled(server: uvicorn.Server) -> bool:
+    """Serve until SIGTERM/SIGINT; False if the server could not start (uvicorn logged why:
+    the port is taken, say)."""
+    async with anyio.create_task_group() as tg:
+
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    server.should_exit = True
+                    return
+
+        tg.start_soon(stop_on_signal)
+        try:
+            await server.serve()
+        except SystemExit:  # uvicorn's way to report a failed start-up
+            return False
+        finally:
+            tg.cancel_scope.cancel()
+    return True
 
 
 def create_app(settings: Settings) -> Starlette:
