@@ -254,11 +254,13 @@ def test_a_non_loopback_host_without_a_token_refuses_to_start(file_env: Env) -> 
 
 
 def test_the_session_cookie_is_httponly_and_strict(file_env: Env) -> None:
-    """The login sets an HttpOnly, SameSite=Strict session cookie; a wrong token gets 403."""
+    """The login sets an HttpOnly, SameSite=Strict session cookie without the token in it;
+    a wrong token, or a login form without its CSRF token, gets 403."""
     base = start_web(file_env)
     with httpx.Client(base_url=base) as client:
         login = client.get("/login")
         csrf = login.text.split('name="csrf" value="')[1].split('"')[0]
+        assert client.post("/login", data={"token": TOKEN}).status_code == 403, "no CSRF token"
         wrong = client.post("/login", data={"csrf": csrf, "token": "nope", "next": "/"})
         assert wrong.status_code == 403
         ok = client.post("/login", data={"csrf": csrf, "token": TOKEN, "next": "//evil"})
