@@ -100,3 +100,9 @@ ALTER TABLE photos
 
 -- a producer finds the same upload twice
 CREATE INDEX IF NOT EXISTS photos_original_sha256_idx ON photos (original_sha256);
+
+-- the operator's page: keyset pages of photos (newest first, by state) and the throughput chart
+CREATE INDEX IF NOT EXISTS photos_updated_idx ON photos (updated_at, id);
+CREATE INDEX IF NOT EXISTS photos_state_updated_idx ON photos (processing_state, updated_at, id);
+CREATE INDEX IF NOT EXISTS photos_processed_at_idx ON photos (processed_at)
+    WHERE processed_at IS NOT NULL;

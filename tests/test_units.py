@@ -123,6 +123,8 @@ LAYERS = {
     "sweeper": {"db", "messages", "metrics", "streams"},
     "pacing": set(),
     "inflight": set(),
+    "chart": set(),
+    "progress": set(),
 }
 IO_LIBRARIES = {"redis", "asyncpg", "aioboto3", "anyio", "botocore"}
 
@@ -155,6 +157,7 @@ def test_imports_point_down(module: str) -> None:
         "placeholders",
         "thumbhash",
         "selfcheck",
+        "chart",
     ):
         assert not {name.split(".")[0] for name in imported} & IO_LIBRARIES
 
@@ -165,6 +168,28 @@ def test_adapters_do_not_import_each_other() -> None:
     for module in adapters:
         ours = {n.split(".")[1] for n in _imports(module) if n.startswith("darkroom.")}
         assert not ours & adapters
+
+
+def _imports_web(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        if any(name.startswith("darkroom.web") for name in names):
+            return True
+    return False
+
+
+def test_only_the_command_line_imports_the_web_page() -> None:
+    """darkroom.web is an outer adapter: only cli imports it, and it imports no worker part."""
+    outside = [p for p in SRC.rglob("*.py") if "web" not in p.relative_to(SRC).parts]
+    assert [p.name for p in outside if _imports_web(p)] == ["cli.py"]
+    for path in (SRC / "web").glob("*.py"):
+        ours = {n.split(".")[1] for n in _imports(f"web/{path.stem}") if n.startswith("darkroom.")}
+        assert not ours & {"worker", "jobs", "renderer", "pipeline", "sweeper", "cli"}
 
 
 def test_readme_documents_every_setting_and_error_code() -> None:

@@ -19,11 +19,14 @@ from typing import Any
 import anyio
 import structlog
 
-from darkroom import __version__, db, metrics, ops, selfcheck
+from darkroom import __version__, db, metrics, ops, selfcheck, web
 from darkroom.errors import DarkroomError, SettingsError, first_error
+from darkroom.health import DEPENDENCIES
 from darkroom.messages import task_fields
+from darkroom.progress import Progress, parse_rate
 from darkroom.services import services, storage_for
 from darkroom.settings import Settings, from_env
+from darkroom.streams import Streams
 from darkroom.worker import Worker
 
 log = structlog.get_logger("darkroom.cli")
@@ -73,15 +76,29 @@ def _parser() -> argparse.ArgumentParser:
     dlq = sub.add_parser("dlq", help="list or replay dead letters")
     dlq.add_argument("action", choices=["list", "replay"])
     dlq.add_argument("--code", action="append", help="only this error code (repeatable)")
-    dlq.add_argument("--limit", type=int, default=1000)
+    dlq.add_argument("--limit", type=int, help="at most this many (list: 1000 by default)")
     dlq.add_argument("--dry-run", action="store_true", help="replay: show what would be replayed")
+    dlq.add_argument("--json", action="store_true", help="list: one JSON array")
+    dlq.add_argument("--rate", type=_rate, help="replay: at most N/s (or N/m)")
     photos = sub.add_parser("photos", help="a table of recent photos and their outcomes")
     photos.add_argument(
         "--state", choices=["uploaded", "processing", "processed", "processing_failed"]
     )
     photos.add_argument("--limit", type=int, default=50)
     photos.add_argument("--json", action="store_true")
+    consumers = sub.add_parser("consumers", help="remove idle consumers with nothing pending")
+    consumers.add_argument("action", choices=["prune"])
+    consumers.add_argument("--idle", type=int, default=ops.IDLE_BOUND_MS, metavar="MS")
+    consumers.add_argument("--dry-run", action="store_true")
+    sub.add_parser("web", help="serve the operator's web page (DARKROOM_WEB_*)")
     return parser
+
+
+def _rate(text: str) -> float:
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _configure_logging(settings: Settings) -> None:
@@ -118,13 +135,16 @@ async def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     async with services(settings, 2) as (pool, streams), storage_for(settings) as storage:
         await streams.ensure_group()
+        progress = Progress(len(args.files), "ingested", sys.stderr)
         for path in args.files:
             photo_id = uuid.uuid4()
             key = f"originals/{photo_id}/{_safe_name(path.name)}"
             await storage.put(key, await anyio.Path(path).read_bytes(), "application/octet-stream")
             await db.insert_photo(pool, photo_id, key)
             await streams.enqueue(task_fields(photo_id))
-            print(photo_id, flush=True)
+            progress.advance()
+            progress.line(str(photo_id), sys.stdout)
+        progress.finish()
     return 0
 
 
@@ -164,6 +184,7 @@ async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
         storage_for(settings) as storage,
     ):
         worker = Worker(settings, pool, streams, storage)
+        metrics.watch_outages(worker.gate.down, DEPENDENCIES)
         server = (
             await metrics.serve(settings.metrics_port, worker.readiness)
             if settings.metrics_port
@@ -178,10 +199,23 @@ async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
             drain=args.drain,
         )
         try:
-            return await _run_until_signalled(worker, args.drain)
+            code = await _run_until_signalled(worker, args.drain)
+            if code == 0:
+                await _leave_group(streams)
+            return code
         finally:
             if server is not None:
                 server.close()
+
+
+async def _leave_group(streams: Streams) -> None:
+    """A clean exit removes this consumer from the group, unless it still holds entries."""
+    try:
+        removed = await streams.remove_self_if_idle()
+    except DarkroomError as exc:
+        log.warning("could not leave the consumer group", error=str(exc))
+        return
+    log.info("left the consumer group" if removed else "consumer kept: entries still pending")
 
 
 async def _run_until_signalled(worker: Worker, drain: bool) -> int:
@@ -225,4 +259,6 @@ COMMANDS = {
     "photos": ops.cmd_photos,
     "dlq": ops.cmd_dlq,
     "retry": ops.cmd_retry,
+    "consumers": ops.cmd_consumers,
+    "web": web.cmd_web,
 }

@@ -487,3 +487,80 @@ RETURNING photo_id
 async def reset_failed(pool: Pool, photo_id: uuid.UUID) -> bool:
     """Operator retry: a failed photo becomes `uploaded` again (its attempt count goes on)."""
     return await pool.fetchval(RESET_SQL, photo_id) is not None
+
+
+# -- the operator's web page (issue 9) -------------------------------------------------------
+
+PHOTO_DETAIL_SQL = """
+SELECT p.id, p.original_key, p.processing_state, p.visibility, p.error_code, p.width,
+       p.height, p.format, p.bytes, p.renditions::text AS renditions, p.created_at,
+       p.updated_at, p.processed_at,
+       j.state AS job_state, coalesce(j.attempt, 0) AS attempt, j.error_code AS job_error_code,
+       j.last_error, j.next_retry_at, j.stream_entry, j.consumer, j.started_at, j.finished_at,
+       j.updated_at AS job_updated_at
+FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
+WHERE p.id = $1
+"""
+
+
+@translated
+async def photo_detail(pool: Pool, photo_id: uuid.UUID) -> dict[str, Any] | None:
+    """One photo with its job row; `renditions` is the JSON text as stored."""
+    row = await pool.fetchrow(PHOTO_DETAIL_SQL, photo_id)
+    return dict(row) if row else None
+
+
+# Newest first, one keyset page strictly before ($4, $5) on (updated_at, id).
+PAGE_PHOTOS_SQL = """
+SELECT p.id, p.processing_state, p.format, p.width, p.height, p.bytes, p.error_code,
+       p.renditions::text AS renditions, coalesce(j.attempt, 0) AS attempt, p.updated_at
+FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
+WHERE ($1::text IS NULL OR p.processing_state = $1)
+  AND ($2::text IS NULL OR p.error_code = $2)
+  AND ($4::timestamptz IS NULL OR (p.updated_at, p.id) < ($4, $5))
+ORDER BY p.updated_at DESC, p.id DESC
+LIMIT $3
+"""
+
+
+@translated
+async def page_photos(
+    pool: Pool,
+    state: str | None,
+    code: str | None,
+    limit: int,
+    before: tuple[Any, uuid.UUID] | None = None,
+) -> list[dict[str, Any]]:
+    after_at, after_id = before if before else (None, uuid.UUID(int=0))
+    rows = await pool.fetch(PAGE_PHOTOS_SQL, state, code, limit, after_at, after_id)
+    return [dict(row) for row in rows]
+
+
+# Photos finished per `$1` bucket ('minute' or 'hour') over the last $2 seconds: processed
+# from processed_at, failed from the updated_at of failed photos. Buckets with none are absent.
+THROUGHPUT_SQL = """
+SELECT date_trunc($1, t, 'UTC') AS bucket,
+       sum(processed)::int AS processed, sum(failed)::int AS failed
+FROM (
+    SELECT processed_at AS t, 1 AS processed, 0 AS failed FROM photos
+    WHERE processed_at >= now() - make_interval(secs => $2)
+    UNION ALL
+    SELECT updated_at, 0, 1 FROM photos
+    WHERE processing_state = 'processing_failed' AND updated_at >= now() - make_interval(secs => $2)
+) finished
+GROUP BY 1 ORDER BY 1
+"""
+
+
+Series = list[tuple[Any, int, int]]
+
+
+@translated
+async def throughput(
+    pool: Pool, bucket: Literal["minute", "hour"], span_s: float
+) -> tuple[Any, Series]:
+    """(now, [(bucket start, processed, failed), ...]) in the database's clock."""
+    async with pool.acquire() as conn, conn.transaction():
+        now = await conn.fetchval("SELECT now()")
+        rows = await conn.fetch(THROUGHPUT_SQL, bucket, span_s)
+    return now, [(r["bucket"], r["processed"], r["failed"]) for r in rows]

@@ -93,6 +93,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # 2 × concurrency. Render slots stay `concurrency`: the extra entries keep them fed.
     max_in_flight: int = 0
     keep_location: bool = False
+    web_host: str = "127.0.0.1"
+    web_port: int = 8080
+    web_token: str | None = None
 
     @property
     def in_flight_bound(self) -> int:
@@ -146,6 +149,20 @@ def _port(raw: str) -> int:
     return value
 
 
+def _tcp_port(raw: str) -> int:
+    value = int(raw)
+    if not 1 <= value <= 65535:
+        raise ValueError("must be a TCP port (1..65535)")
+    return value
+
+
+def _token(raw: str) -> str:
+    # Guessable tokens defeat the point; 16 characters is the floor (32 random bytes is better).
+    if len(raw.strip()) < 16 or raw != raw.strip():
+        raise ValueError("must be at least 16 characters, without surrounding spaces")
+    return raw
+
+
 def _nonempty(raw: str) -> str:
     if not raw.strip():
         raise ValueError("must not be empty")
@@ -186,7 +203,14 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "log_level": _choice("debug", "info", "warning", "error"),
     "max_in_flight": _positive(int),
     "keep_location": _boolean,
+    "web_host": _nonempty,
+    "web_port": _tcp_port,
+    "web_token": _token,
 }
+
+
+# Never echoed back in an error message.
+SECRETS = frozenset({"web_token"})
 
 
 def env_name(field: str) -> str:
@@ -204,7 +228,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         try:
             values[field] = parse(raw)
         except ValueError as exc:
-            raise SettingsError(env_name(field), f"{exc} (got {raw!r})") from None
+            shown = "a hidden value" if field in SECRETS else repr(raw)
+            raise SettingsError(env_name(field), f"{exc} (got {shown})") from None
     known = {env_name(f) for f in PARSERS}
     for name in environ:
         if name.startswith("DARKROOM_") and name not in known:

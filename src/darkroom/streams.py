@@ -35,7 +35,7 @@ ERRORS: tuple[Rule, ...] = (
     Rule(rx.BusyLoadingError, Q, "loading"),  # a restarted node reading its dataset
     Rule(rx.MasterDownError, Q, "master_down"),  # a replica that lost its primary
     Rule((rx.ClusterDownError, rx.TryAgainError, rx.SlotNotCoveredError), Q, "cluster_down"),
-    # not a RedisError: no seed node of the cluster answered
+    # not a rx.RedisError: no seed node of the cluster answered
     Rule(rx.RedisClusterException, Q, "cluster_unreachable"),
     Rule(rx.OutOfMemoryError, Q, "out_of_memory"),  # maxmemory reached
     Rule((rx.AuthenticationError, rx.AuthorizationError), Q, "auth"),
@@ -368,3 +368,67 @@ class Streams:
 
     async def _exists(self) -> bool:
         return bool(await self.client.exists(self.stream))
+
+    # -- consumer housekeeping and paged dead letters (issue 9) ------------------------------
+
+    @translated
+    async def remove_consumer_if_idle(self, name: str, min_idle_ms: int) -> bool:
+        """XGROUP DELCONSUMER discards the consumer's pending entries, so the check (nothing
+        pending, idle at least `min_idle_ms`) and the delete run as one script: an entry
+        delivered to it in between cannot be lost. True if it was removed."""
+        try:
+            removed = await self.client.eval(
+                _DELCONSUMER_IF_IDLE, 1, self.stream, self.group, name, str(min_idle_ms)
+            )
+        except rx.ResponseError as exc:
+            if _no_group(exc) or "no such key" in str(exc):
+                return False
+            raise
+        return int(removed) == 1
+
+    async def remove_self_if_idle(self) -> bool:
+        """On a clean exit: leave the group unless this consumer still holds entries (they
+        stay pending for its next start or for XAUTOCLAIM)."""
+        return await self.remove_consumer_if_idle(self.consumer, 0)
+
+    @translated
+    async def dead_letter_page(self, after: str, count: int) -> list[Entry]:
+        """Dead letters oldest first, strictly after id `after` ("-" for the start)."""
+        start = "-" if after == "-" else f"({after}"
+        return _entries(await self.client.xrange(self.dead_stream, start, "+", count=count) or [])
+
+    @translated
+    async def replay_once(self, dead_id: str, fields: dict[str, str]) -> str | None:
+        """Move one dead letter back to the work stream only if it is still there, in one
+        script: two operators replaying at once (a double click) enqueue it once. The new
+        entry id, or None if another replay took the letter first."""
+        flat = [item for pair in fields.items() for item in pair]
+        new_id = await self.client.eval(
+            _REPLAY_IF_PRESENT, 2, self.dead_stream, self.stream, dead_id, *flat
+        )
+        return str(new_id) if new_id else None
+
+
+# KEYS[1] dead-letter stream, KEYS[2] work stream (one hash slot); ARGV[1] letter id, then
+# the new entry's fields. Returns the new entry id, or false if the letter was gone.
+_REPLAY_IF_PRESENT = """
+if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return false end
+return redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
+"""
+
+# KEYS[1] stream; ARGV group, consumer, min idle ms. Returns 1 removed, 0 kept, -1 unknown.
+_DELCONSUMER_IF_IDLE = """
+local rows = redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
+for _, row in ipairs(rows) do
+  local c = {}
+  for i = 1, #row, 2 do c[row[i]] = row[i + 1] end
+  if c['name'] == ARGV[2] then
+    if tonumber(c['pending']) == 0 and tonumber(c['idle']) >= tonumber(ARGV[3]) then
+      redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+      return 1
+    end
+    return 0
+  end
+end
+return -1
+"""
