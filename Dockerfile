@@ -19,6 +19,8 @@ COPY src ./src
 RUN pip install --no-cache-dir . \
  && python -c "import importlib.resources as r, pyvips, pi_heif; \
 assert r.files('darkroom').joinpath('schema.sql').is_file(), 'schema.sql not packaged'"
+# the start-up self-check on the built-in samples: every format works in this image
+RUN darkroom check
 
 # ---- runtime ------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime

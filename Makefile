@@ -7,6 +7,8 @@ STAMP  := $(VENV)/.installed
 PHOTOS := $(if $(wildcard ../shared/corpus/MANIFEST.md),../shared/corpus,tests/photos)
 IMAGES  = $(filter-out %.md,$(wildcard $(PHOTOS)/*))
 
+PROMTOOL := $(VENV)/bin/promtool
+
 .PHONY: demo test lint typecheck pytest chaos bench services clean
 
 $(STAMP): pyproject.toml
@@ -24,6 +26,17 @@ services:
 	@for i in $$(seq 50); do pg_isready -q -h 127.0.0.1 -p 5432 && redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && exit 0; sleep 0.2; done; \
 	  echo "PostgreSQL or Redis did not start" >&2; exit 1
 
+# The browser tests drive Debian's Chromium (Playwright cannot download its own browsers here).
+/usr/bin/chromium:
+	apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }
+
+# promtool alone, unpacked from Debian's prometheus package: no server installed or started.
+$(PROMTOOL): | $(STAMP)
+	@tmp=$$(mktemp -d) && chmod 755 $$tmp && cd $$tmp && \
+	  { apt-get download -q prometheus 2>/dev/null || { apt-get update -q && apt-get download -q prometheus; }; } && \
+	  dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool && \
+	  mv usr/bin/promtool $(CURDIR)/$(PROMTOOL) && rm -rf $$tmp
+
 demo: $(STAMP) services
 	$(BIN)/darkroom migrate
 	@echo "ingesting $(words $(IMAGES)) photos from $(PHOTOS)"
@@ -39,7 +52,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) services
+pytest: $(STAMP) services /usr/bin/chromium $(PROMTOOL)
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest

@@ -76,3 +76,33 @@ DROP INDEX IF EXISTS photos_unfinished_idx;
 -- photos_of_entries (entries deleted while pending) looks jobs up by their stream entry
 CREATE INDEX IF NOT EXISTS photo_jobs_stream_entry_idx ON photo_jobs (stream_entry);
 -- ---- end of the sweep's keyset ------------------------------------------------------------
+
+-- Facts read from the original during its one decode (issue 7). Added in place, so
+-- `migrate` upgrades a database that already holds photos; all NULL until (re)rendered.
+ALTER TABLE photos
+    ADD COLUMN IF NOT EXISTS taken_at_local  timestamp,
+    ADD COLUMN IF NOT EXISTS taken_at        timestamptz,
+    ADD COLUMN IF NOT EXISTS camera_make     text,
+    ADD COLUMN IF NOT EXISTS camera_model    text,
+    ADD COLUMN IF NOT EXISTS lens_model      text,
+    ADD COLUMN IF NOT EXISTS exposure        jsonb,
+    ADD COLUMN IF NOT EXISTS original_sha256 text,
+    ADD COLUMN IF NOT EXISTS has_alpha       boolean,
+    ADD COLUMN IF NOT EXISTS frames          integer,
+    ADD COLUMN IF NOT EXISTS source_profile  text,
+    ADD COLUMN IF NOT EXISTS latitude        double precision,
+    ADD COLUMN IF NOT EXISTS longitude       double precision,
+    ADD COLUMN IF NOT EXISTS thumbhash       text,
+    ADD COLUMN IF NOT EXISTS dominant_color  text,
+    -- re-render on demand: requested by `darkroom enqueue --rerender`, done by publish
+    ADD COLUMN IF NOT EXISTS rerender_requested_at timestamptz,
+    ADD COLUMN IF NOT EXISTS rerendered_at   timestamptz;
+
+-- a producer finds the same upload twice
+CREATE INDEX IF NOT EXISTS photos_original_sha256_idx ON photos (original_sha256);
+
+-- the operator's page: keyset pages of photos (newest first, by state) and the throughput chart
+CREATE INDEX IF NOT EXISTS photos_updated_idx ON photos (updated_at, id);
+CREATE INDEX IF NOT EXISTS photos_state_updated_idx ON photos (processing_state, updated_at, id);
+CREATE INDEX IF NOT EXISTS photos_processed_at_idx ON photos (processed_at)
+    WHERE processed_at IS NOT NULL;

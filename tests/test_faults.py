@@ -64,6 +64,7 @@ async def spare_streams(spare: int) -> AsyncIterator[Streams]:
         (rx.MasterDownError("Link with MASTER is down"), "master_down"),
         (rx.ClusterDownError("The cluster is down"), "cluster_down"),
         (rx.TryAgainError("Multiple keys request during rehashing"), "cluster_down"),
+        (rx.RedisClusterException("Redis Cluster cannot be connected"), "cluster_unreachable"),
         (rx.OutOfMemoryError("used memory > 'maxmemory'"), "out_of_memory"),
         (rx.NoPermissionError("this user has no permissions"), "no_permission"),
         (rx.AuthenticationError("invalid username-password pair"), "auth"),

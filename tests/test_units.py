@@ -36,7 +36,7 @@ def test_defaults_match_the_documented_contract() -> None:
 
 
 def test_stream_keys_share_one_hash_tag() -> None:
-    """Work and dead-letter streams hash to one Redis Cluster slot (MULTI across both)."""
+    """Work and dead-letter streams hash to one Redis Cluster slot (one script moves entries)."""
     s = from_env({})
     assert s.stream.split("}")[0] == s.dead_letter_stream.split("}")[0] == "{darkroom"
 
@@ -107,7 +107,13 @@ def test_error_codes_are_unique_snake_case() -> None:
 
 
 LAYERS = {
-    "pipeline": {"errors", "settings"},
+    "pipeline": {"errors", "settings", "exif", "gif", "isobmff", "placeholders"},
+    "gif": {"errors"},
+    "isobmff": {"errors"},
+    "exif": set(),
+    "placeholders": {"thumbhash"},
+    "thumbhash": set(),
+    "selfcheck": {"pipeline", "settings"},
     "policy": {"errors"},
     "messages": {"errors"},
     "settings": {"errors"},
@@ -117,6 +123,8 @@ LAYERS = {
     "sweeper": {"db", "messages", "metrics", "streams"},
     "pacing": set(),
     "inflight": set(),
+    "chart": set(),
+    "progress": set(),
 }
 IO_LIBRARIES = {"redis", "asyncpg", "aioboto3", "anyio", "botocore"}
 
@@ -138,7 +146,19 @@ def test_imports_point_down(module: str) -> None:
     imported = _imports(module)
     ours = {name.split(".")[1] for name in imported if name.startswith("darkroom.")}
     assert ours <= LAYERS[module]
-    if module in ("pipeline", "policy", "messages", "settings", "pacing", "inflight"):
+    if module in (
+        "pipeline",
+        "policy",
+        "messages",
+        "settings",
+        "pacing",
+        "inflight",
+        "exif",
+        "placeholders",
+        "thumbhash",
+        "selfcheck",
+        "chart",
+    ):
         assert not {name.split(".")[0] for name in imported} & IO_LIBRARIES
 
 
@@ -148,6 +168,28 @@ def test_adapters_do_not_import_each_other() -> None:
     for module in adapters:
         ours = {n.split(".")[1] for n in _imports(module) if n.startswith("darkroom.")}
         assert not ours & adapters
+
+
+def _imports_web(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        if any(name.startswith("darkroom.web") for name in names):
+            return True
+    return False
+
+
+def test_only_the_command_line_imports_the_web_page() -> None:
+    """darkroom.web is an outer adapter: only cli imports it, and it imports no worker part."""
+    outside = [p for p in SRC.rglob("*.py") if "web" not in p.relative_to(SRC).parts]
+    assert [p.name for p in outside if _imports_web(p)] == ["cli.py"]
+    for path in (SRC / "web").glob("*.py"):
+        ours = {n.split(".")[1] for n in _imports(f"web/{path.stem}") if n.startswith("darkroom.")}
+        assert not ours & {"worker", "jobs", "renderer", "pipeline", "sweeper", "cli"}
 
 
 def test_readme_documents_every_setting_and_error_code() -> None:

@@ -12,17 +12,21 @@ import signal
 import sys
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
 import structlog
 
-from darkroom import __version__, db, metrics, ops
+from darkroom import __version__, db, metrics, ops, selfcheck, web
 from darkroom.errors import DarkroomError, SettingsError, first_error
+from darkroom.health import DEPENDENCIES
 from darkroom.messages import task_fields
+from darkroom.progress import Progress, parse_rate
 from darkroom.services import services, storage_for
 from darkroom.settings import Settings, from_env
+from darkroom.streams import Streams
 from darkroom.worker import Worker
 
 log = structlog.get_logger("darkroom.cli")
@@ -55,8 +59,14 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="create the database if missing and apply schema.sql")
     ingest = sub.add_parser("ingest", help="store originals, insert photos rows, XADD them")
     ingest.add_argument("files", nargs="+", type=Path)
-    enqueue = sub.add_parser("enqueue", help="XADD existing photos again")
-    enqueue.add_argument("photo_ids", nargs="+", type=uuid.UUID)
+    enqueue = sub.add_parser("enqueue", help="XADD existing photos again (or re-render them)")
+    enqueue.add_argument("photo_ids", nargs="*", type=uuid.UUID)
+    enqueue.add_argument(
+        "--rerender", action="store_true", help="re-render processed photos in place"
+    )
+    enqueue.add_argument("--state", choices=["processed"], help="with --since: select by state")
+    enqueue.add_argument("--since", type=_timestamp, help="with --state processed: processed since")
+    sub.add_parser("check", help="self-check: every format decodes/encodes; prints a table")
     retry = sub.add_parser("retry", help="reset failed photos to uploaded and enqueue them")
     retry.add_argument("photo_ids", nargs="+", type=uuid.UUID)
     run = sub.add_parser("run", help="run the worker until SIGTERM/SIGINT")
@@ -66,15 +76,29 @@ def _parser() -> argparse.ArgumentParser:
     dlq = sub.add_parser("dlq", help="list or replay dead letters")
     dlq.add_argument("action", choices=["list", "replay"])
     dlq.add_argument("--code", action="append", help="only this error code (repeatable)")
-    dlq.add_argument("--limit", type=int, default=1000)
+    dlq.add_argument("--limit", type=int, help="at most this many (list: 1000 by default)")
     dlq.add_argument("--dry-run", action="store_true", help="replay: show what would be replayed")
+    dlq.add_argument("--json", action="store_true", help="list: one JSON array")
+    dlq.add_argument("--rate", type=_rate, help="replay: at most N/s (or N/m)")
     photos = sub.add_parser("photos", help="a table of recent photos and their outcomes")
     photos.add_argument(
         "--state", choices=["uploaded", "processing", "processed", "processing_failed"]
     )
     photos.add_argument("--limit", type=int, default=50)
     photos.add_argument("--json", action="store_true")
+    consumers = sub.add_parser("consumers", help="remove idle consumers with nothing pending")
+    consumers.add_argument("action", choices=["prune"])
+    consumers.add_argument("--idle", type=int, default=ops.IDLE_BOUND_MS, metavar="MS")
+    consumers.add_argument("--dry-run", action="store_true")
+    sub.add_parser("web", help="serve the operator's web page (DARKROOM_WEB_*)")
     return parser
+
+
+def _rate(text: str) -> float:
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _configure_logging(settings: Settings) -> None:
@@ -111,13 +135,16 @@ async def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     async with services(settings, 2) as (pool, streams), storage_for(settings) as storage:
         await streams.ensure_group()
+        progress = Progress(len(args.files), "ingested", sys.stderr)
         for path in args.files:
             photo_id = uuid.uuid4()
             key = f"originals/{photo_id}/{_safe_name(path.name)}"
             await storage.put(key, await anyio.Path(path).read_bytes(), "application/octet-stream")
             await db.insert_photo(pool, photo_id, key)
             await streams.enqueue(task_fields(photo_id))
-            print(photo_id, flush=True)
+            progress.advance()
+            progress.line(str(photo_id), sys.stdout)
+        progress.finish()
     return 0
 
 
@@ -126,7 +153,17 @@ def _safe_name(name: str) -> str:
     return cleaned[:120] or "original"
 
 
+def _timestamp(raw: str) -> datetime:
+    value = datetime.fromisoformat(raw)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
 async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
+    if args.rerender or args.state or args.since:
+        return await ops.cmd_rerender(settings, args)
+    if not args.photo_ids:
+        print("darkroom: enqueue needs PHOTO_ID...", file=sys.stderr)
+        return 2
     async with services(settings, 1) as (pool, streams):
         await streams.ensure_group()
         for photo_id in args.photo_ids:
@@ -137,11 +174,17 @@ async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    failed = selfcheck.failures(selfcheck.run(settings.renditions))
+    if failed:
+        names = ", ".join(f"{c.name} ({c.detail})" for c in failed)
+        print(f"darkroom: self-check failed, not starting: {names}", file=sys.stderr)
+        return 2
     async with (
         services(settings, settings.in_flight_bound + 2) as (pool, streams),
         storage_for(settings) as storage,
     ):
         worker = Worker(settings, pool, streams, storage)
+        metrics.watch_outages(worker.gate.down, DEPENDENCIES)
         server = (
             await metrics.serve(settings.metrics_port, worker.readiness)
             if settings.metrics_port
@@ -156,10 +199,23 @@ async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
             drain=args.drain,
         )
         try:
-            return await _run_until_signalled(worker, args.drain)
+            code = await _run_until_signalled(worker, args.drain)
+            if code == 0:
+                await _leave_group(streams)
+            return code
         finally:
             if server is not None:
                 server.close()
+
+
+async def _leave_group(streams: Streams) -> None:
+    """A clean exit removes this consumer from the group, unless it still holds entries."""
+    try:
+        removed = await streams.remove_self_if_idle()
+    except DarkroomError as exc:
+        log.warning("could not leave the consumer group", error=str(exc))
+        return
+    log.info("left the consumer group" if removed else "consumer kept: entries still pending")
 
 
 async def _run_until_signalled(worker: Worker, drain: bool) -> int:
@@ -187,7 +243,14 @@ async def _run_until_signalled(worker: Worker, drain: bool) -> int:
     return 1 if worker.drain_failed is not None else 0
 
 
+async def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
+    checks = selfcheck.run(settings.renditions)
+    print(selfcheck.table(checks))
+    return 2 if selfcheck.failures(checks) else 0
+
+
 COMMANDS = {
+    "check": cmd_check,
     "migrate": cmd_migrate,
     "ingest": cmd_ingest,
     "enqueue": cmd_enqueue,
@@ -196,4 +259,6 @@ COMMANDS = {
     "photos": ops.cmd_photos,
     "dlq": ops.cmd_dlq,
     "retry": ops.cmd_retry,
+    "consumers": ops.cmd_consumers,
+    "web": web.cmd_web,
 }

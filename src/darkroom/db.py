@@ -8,6 +8,7 @@ change `processed_at` once set. Driver errors become DatabaseUnavailableError he
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -112,11 +113,15 @@ class Claim:
 
 # One statement: lock the photo. A terminal photo (processed, or failed and not reset by
 # a retry) is left alone: `already`. Any other gets its job active with attempt + 1 and
-# the photo `processing`. Terminal states never move on a duplicate delivery.
+# the photo `processing`. Terminal states never move on a duplicate delivery, except that
+# a processed photo with a re-render requested is claimed while it stays processed.
 CLAIM_SQL = """
 WITH p AS (
     SELECT id, original_key, processing_state,
-           processing_state IN ('processed', 'processing_failed') AS finished
+           processing_state IN ('processed', 'processing_failed')
+           AND NOT (processing_state = 'processed' AND rerender_requested_at IS NOT NULL)
+           AS finished,
+           processing_state = 'processed' AS rerender
     FROM photos WHERE id = $1 FOR UPDATE
 ), job AS (
     INSERT INTO photo_jobs AS j (photo_id, type, state, attempt, stream_entry, consumer,
@@ -134,7 +139,7 @@ WITH p AS (
 ), photo AS (
     UPDATE photos SET processing_state = 'processing', error_code = NULL, updated_at = now(),
         last_activity_at = now()
-    FROM p WHERE photos.id = p.id AND NOT p.finished
+    FROM p WHERE photos.id = p.id AND NOT p.finished AND NOT p.rerender
 )
 SELECT p.original_key, p.finished, p.processing_state, job.attempt,
        jj.stream_entry, jj.error_code, jj.last_error
@@ -153,15 +158,29 @@ async def claim(pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str) -
             "already", row["original_key"], 0, row["processing_state"],
             row["stream_entry"], row["error_code"], row["last_error"],
         )  # fmt: skip
-    return Claim("claimed", row["original_key"], row["attempt"], "processing")
+    return Claim("claimed", row["original_key"], row["attempt"], row["processing_state"])
 
 
+# A first render moves `processing` → `processed` and publishes. A re-render (a processed
+# photo with a request) replaces renditions and facts in place: the photo stays processed,
+# keeps its visibility and `processed_at`, and gets `rerendered_at`.
 PUBLISH_SQL = """
 WITH photo AS (
-    UPDATE photos SET processing_state = 'processed', visibility = 'published',
+    UPDATE photos SET processing_state = 'processed',
+        visibility = CASE WHEN processing_state = 'processed' THEN visibility
+                          ELSE 'published' END,
         width = $2, height = $3, format = $4, bytes = $5, renditions = $6::jsonb,
-        error_code = NULL, processed_at = now(), updated_at = now(), last_activity_at = now()
-    WHERE id = $1 AND processing_state = 'processing'
+        taken_at_local = $7, taken_at = $8, camera_make = $9, camera_model = $10,
+        lens_model = $11, exposure = $12::jsonb, original_sha256 = $13, has_alpha = $14,
+        frames = $15, source_profile = $16, latitude = $17, longitude = $18,
+        thumbhash = $19, dominant_color = $20,
+        rerendered_at = CASE WHEN processing_state = 'processed' THEN now()
+                             ELSE rerendered_at END,
+        rerender_requested_at = NULL,
+        error_code = NULL, processed_at = coalesce(processed_at, now()), updated_at = now(),
+        last_activity_at = now()
+    WHERE id = $1 AND (processing_state = 'processing'
+                       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
     RETURNING id
 ), job AS (
     UPDATE photo_jobs SET state = 'done', error_code = NULL, last_error = NULL,
@@ -181,13 +200,49 @@ async def publish(
     published = await pool.fetchval(
         PUBLISH_SQL,
         photo_id,
-        facts["width"],
-        facts["height"],
-        facts["format"],
-        facts["bytes"],
+        *(facts[k] for k in ("width", "height", "format", "bytes")),
         renditions_json,
+        *(facts.get(k) for k in FACT_COLUMNS[:5]),
+        json.dumps(facts["exposure"]) if facts.get("exposure") else None,
+        *(facts.get(k) for k in FACT_COLUMNS[6:]),
     )
     return bool(published)
+
+
+# the facts columns, in PUBLISH_SQL's parameter order ($7 onwards)
+FACT_COLUMNS = (
+    "taken_at_local", "taken_at", "camera_make", "camera_model", "lens_model", "exposure",
+    "original_sha256", "has_alpha", "frames", "source_profile", "latitude", "longitude",
+    "thumbhash", "dominant_color",
+)  # fmt: skip
+
+
+REQUEST_RERENDER_SQL = """
+UPDATE photos SET rerender_requested_at = now(), updated_at = now()
+WHERE processing_state = 'processed'
+  AND (id = ANY($1::uuid[]) OR ($2::timestamptz IS NOT NULL AND processed_at >= $2))
+RETURNING id
+"""
+
+
+@translated
+async def request_rerender(
+    pool: Pool, photo_ids: list[uuid.UUID], since: datetime | None
+) -> list[uuid.UUID]:
+    """Mark processed photos (these, or all processed since a time) for a re-render; the
+    ids that were marked. Photos in any other state are left alone."""
+    rows = await pool.fetch(REQUEST_RERENDER_SQL, photo_ids, since)
+    return sorted(row["id"] for row in rows)
+
+
+@translated
+async def drop_rerender(pool: Pool, photo_id: uuid.UUID) -> None:
+    """A re-render past the attempt cap is given up: the photo keeps what it had."""
+    await pool.execute(
+        "UPDATE photos SET rerender_requested_at = NULL"
+        " WHERE id = $1 AND rerender_requested_at IS NOT NULL",
+        photo_id,
+    )
 
 
 # Only the entry that owns the job records its retry: a stale delivery (whose photo was
@@ -432,3 +487,80 @@ RETURNING photo_id
 async def reset_failed(pool: Pool, photo_id: uuid.UUID) -> bool:
     """Operator retry: a failed photo becomes `uploaded` again (its attempt count goes on)."""
     return await pool.fetchval(RESET_SQL, photo_id) is not None
+
+
+# -- the operator's web page (issue 9) -------------------------------------------------------
+
+PHOTO_DETAIL_SQL = """
+SELECT p.id, p.original_key, p.processing_state, p.visibility, p.error_code, p.width,
+       p.height, p.format, p.bytes, p.renditions::text AS renditions, p.created_at,
+       p.updated_at, p.processed_at,
+       j.state AS job_state, coalesce(j.attempt, 0) AS attempt, j.error_code AS job_error_code,
+       j.last_error, j.next_retry_at, j.stream_entry, j.consumer, j.started_at, j.finished_at,
+       j.updated_at AS job_updated_at
+FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
+WHERE p.id = $1
+"""
+
+
+@translated
+async def photo_detail(pool: Pool, photo_id: uuid.UUID) -> dict[str, Any] | None:
+    """One photo with its job row; `renditions` is the JSON text as stored."""
+    row = await pool.fetchrow(PHOTO_DETAIL_SQL, photo_id)
+    return dict(row) if row else None
+
+
+# Newest first, one keyset page strictly before ($4, $5) on (updated_at, id).
+PAGE_PHOTOS_SQL = """
+SELECT p.id, p.processing_state, p.format, p.width, p.height, p.bytes, p.error_code,
+       p.renditions::text AS renditions, coalesce(j.attempt, 0) AS attempt, p.updated_at
+FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
+WHERE ($1::text IS NULL OR p.processing_state = $1)
+  AND ($2::text IS NULL OR p.error_code = $2)
+  AND ($4::timestamptz IS NULL OR (p.updated_at, p.id) < ($4, $5))
+ORDER BY p.updated_at DESC, p.id DESC
+LIMIT $3
+"""
+
+
+@translated
+async def page_photos(
+    pool: Pool,
+    state: str | None,
+    code: str | None,
+    limit: int,
+    before: tuple[Any, uuid.UUID] | None = None,
+) -> list[dict[str, Any]]:
+    after_at, after_id = before if before else (None, uuid.UUID(int=0))
+    rows = await pool.fetch(PAGE_PHOTOS_SQL, state, code, limit, after_at, after_id)
+    return [dict(row) for row in rows]
+
+
+# Photos finished per `$1` bucket ('minute' or 'hour') over the last $2 seconds: processed
+# from processed_at, failed from the updated_at of failed photos. Buckets with none are absent.
+THROUGHPUT_SQL = """
+SELECT date_trunc($1, t, 'UTC') AS bucket,
+       sum(processed)::int AS processed, sum(failed)::int AS failed
+FROM (
+    SELECT processed_at AS t, 1 AS processed, 0 AS failed FROM photos
+    WHERE processed_at >= now() - make_interval(secs => $2)
+    UNION ALL
+    SELECT updated_at, 0, 1 FROM photos
+    WHERE processing_state = 'processing_failed' AND updated_at >= now() - make_interval(secs => $2)
+) finished
+GROUP BY 1 ORDER BY 1
+"""
+
+
+Series = list[tuple[Any, int, int]]
+
+
+@translated
+async def throughput(
+    pool: Pool, bucket: Literal["minute", "hour"], span_s: float
+) -> tuple[Any, Series]:
+    """(now, [(bucket start, processed, failed), ...]) in the database's clock."""
+    async with pool.acquire() as conn, conn.transaction():
+        now = await conn.fetchval("SELECT now()")
+        rows = await conn.fetch(THROUGHPUT_SQL, bucket, span_s)
+    return now, [(r["bucket"], r["processed"], r["failed"]) for r in rows]

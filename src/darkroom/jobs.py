@@ -2,12 +2,13 @@
 or a recorded retry, or a dead letter.
 
 Ordering hazards: the ack comes only after the publishing commit; a final failure is
-one SQL statement and then one Redis MULTI (dead letter + ack + delete). A dependency
+one SQL statement and then one Redis script (dead letter + ack + delete). A dependency
 outage is waited out in place (health.Gate), so it costs the photo no attempt.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,6 +43,11 @@ IN_PLACE_RETRIES = 2
 # The shielded failure record (SQL, then its Redis half) gives up after this long; the
 # entry then stays pending and is reclaimed, so a hung dependency cannot hang a stop.
 RECORD_DEADLINE_S = 20.0
+
+
+def sha256_hex(data: bytes) -> str:
+    """The original's checksum, of exactly the bytes downloaded (hashlib frees the GIL)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def rendition_key(photo_id: uuid.UUID, name: str, ext: str) -> str:
@@ -132,7 +138,8 @@ class Jobs:
         metrics.RENDER_PEAK_RSS_MB.observe(result.peak_rss_mb)
         with metrics.STAGE_SECONDS.labels("upload").time():
             renditions = await self._upload(task.photo_id, result)
-        facts = {**msgspec.structs.asdict(result.facts), "bytes": len(original)}
+        facts = result.facts.row(len(original), keep_location=self.settings.keep_location)
+        facts["original_sha256"] = await anyio.to_thread.run_sync(sha256_hex, original)
         with metrics.STAGE_SECONDS.labels("publish").time():
             published = await db.publish(self.pool, task.photo_id, facts, renditions)
         return "published" if published else "already"
@@ -140,7 +147,10 @@ class Jobs:
     async def _past_the_cap(self, photo_id: uuid.UUID, deliveries: int) -> None:
         """Checked before any work, so a photo that kills its worker cannot loop. A photo
         that is gone or already terminal goes on to the claim, which changes nothing."""
-        if await db.photo_state(self.pool, photo_id) in (None, "processed", "processing_failed"):
+        state = await db.photo_state(self.pool, photo_id)
+        if state == "processed":  # a re-render that keeps failing is given up, never looped
+            await db.drop_rerender(self.pool, photo_id)
+        if state in (None, "processed", "processing_failed"):
             return
         code, message = await db.last_error(self.pool, photo_id)
         raise AttemptsExhaustedError(

@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 OUTCOMES = Counter("darkroom_entries_total", "Stream entries finished, by outcome", ["outcome"])
 FAILURES = Counter("darkroom_failures_total", "Failed attempts, by error code", ["code", "final"])
@@ -74,3 +81,45 @@ def _route(path: str, ready: Readiness) -> tuple[str, str, bytes]:
         body = json.dumps(detail, sort_keys=True).encode() + b"\n"
         return ("200 OK" if ok else "503 Service Unavailable"), "application/json", body
     return "404 Not Found", "text/plain", b"not found\n"
+
+
+# -- queue gauges and outage gauges (issue 9) -----------------------------------------------
+
+# Filled from Redis and Postgres by `darkroom web` at each scrape of its /metrics (one
+# process, so no double counting); kept in their own registry so workers never export them.
+QUEUE_REGISTRY = CollectorRegistry(auto_describe=True)
+STREAM_LENGTH = Gauge(
+    "darkroom_stream_length", "Entries in the work stream (the backlog)", registry=QUEUE_REGISTRY
+)
+GROUP_LAG = Gauge("darkroom_group_lag", "Entries not yet delivered", registry=QUEUE_REGISTRY)
+GROUP_PENDING = Gauge(
+    "darkroom_group_pending", "Entries delivered, not yet acked", registry=QUEUE_REGISTRY
+)
+DEAD_LETTERS = Gauge(
+    "darkroom_dead_letters", "Entries in the dead-letter stream", registry=QUEUE_REGISTRY
+)
+PHOTOS = Gauge("darkroom_photos", "Photos by state", ["state"], registry=QUEUE_REGISTRY)
+DEPENDENCY_DOWN = Gauge(
+    "darkroom_dependency_down", "1 while the worker sees this dependency down", ["dependency"]
+)
+
+
+def watch_outages(down: Collection[str], dependencies: Iterable[str]) -> None:
+    """Export the worker's set of dependencies it currently sees down (read at scrape time)."""
+
+    def seen_down(dependency: str) -> Callable[[], float]:
+        return lambda: float(dependency in down)
+
+    for dependency in dependencies:
+        DEPENDENCY_DOWN.labels(dependency).set_function(seen_down(dependency))
+
+
+def queue_metrics(report: dict[str, Any]) -> bytes:
+    """The queue gauges from one status report, in Prometheus text."""
+    STREAM_LENGTH.set(report["length"])
+    GROUP_LAG.set(report["lag"] or 0)
+    GROUP_PENDING.set(report["pending"])
+    DEAD_LETTERS.set(report["dead_letters"])
+    for state in ("uploaded", "processing", "processed", "processing_failed"):
+        PHOTOS.labels(state).set(report["photos"].get(state, 0))
+    return generate_latest(QUEUE_REGISTRY)

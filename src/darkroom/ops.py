@@ -1,24 +1,44 @@
-"""Operator commands: status, photos, dead letters (list/replay) and retry."""
+"""Operator commands and the operations behind them: status, photos, dead letters
+(list/replay), retry and consumer pruning. The command line and the web page share the
+operations here, so both change state the same way."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 
 from darkroom import db
-from darkroom.messages import task_fields
+from darkroom.messages import Entry, task_fields
+from darkroom.progress import Pacer, Progress
 from darkroom.services import services
 from darkroom.settings import Settings
+from darkroom.streams import Streams
+
+# A consumer idle longer than this is marked in `status` and pruned by default (1 h).
+IDLE_BOUND_MS = 3_600_000
+PAGE = 500
+
+
+async def status_report(pool: db.Pool, streams: Streams) -> dict[str, Any]:
+    report = {**await streams.status(), "photos": await db.count_by_state(pool)}
+    report["failures"] = await db.count_failures(pool)
+    mark_idle(report["consumers"])
+    return report
+
+
+def mark_idle(consumers: list[dict[str, Any]], bound_ms: int = IDLE_BOUND_MS) -> None:
+    for consumer in consumers:
+        consumer["idle_past_bound"] = consumer["idle_ms"] > bound_ms
 
 
 async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     async with services(settings, 1) as (pool, streams):
-        report = {**await streams.status(), "photos": await db.count_by_state(pool)}
-        report["failures"] = await db.count_failures(pool)
+        report = await status_report(pool, streams)
     if args.json:
         print(msgspec.json.encode(report).decode())
     else:
@@ -27,13 +47,14 @@ async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _format_status(report: dict[str, Any]) -> str:
+    stale = "  idle over 1 h: `darkroom consumers prune` removes it once nothing is pending"
     lines = [
         f"stream        {report['stream']}  length={report['length']}",
         f"group         {report['group']}  lag={report['lag']}  pending={report['pending']}",
         f"dead letters  {report['dead_letter_stream']}  length={report['dead_letters']}",
         "consumers",
         *(f"  {c['name']:<40} pending={c['pending']:<6} idle_ms={c['idle_ms']}"
-          for c in report["consumers"]),
+          + (stale if c["idle_past_bound"] else "") for c in report["consumers"]),
         "photos by state",
         *(f"  {state:<20} {n}" for state, n in report["photos"].items()),
         "failures by error code",
@@ -58,44 +79,157 @@ async def cmd_photos(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+# -- dead letters ---------------------------------------------------------------------------
+
+
+async def dead_letters(
+    streams: Streams, codes: list[str] | None, limit: int | None
+) -> AsyncIterator[Entry]:
+    """Dead letters oldest first, page by page, only these codes (None: all), at most `limit`."""
+    after, seen = "-", 0
+    while limit is None or seen < limit:
+        page = await streams.dead_letter_page(after, PAGE)
+        for letter in page:
+            if not codes or letter.fields.get("error_code") in codes:
+                yield letter
+                seen += 1
+                if limit is not None and seen >= limit:
+                    return
+        if len(page) < PAGE:
+            return
+        after = page[-1].id
+
+
+async def replay_letter(pool: db.Pool, streams: Streams, letter: Entry) -> str | None:
+    """Reset the photo to `uploaded`, then move the letter back onto the work stream in one
+    script (so never twice, even by two replays at once). The new entry id, or None for a
+    letter without a photo id or one another replay took first."""
+    raw = letter.fields.get("photo_id")
+    try:
+        photo_id = uuid.UUID(raw or "")
+    except ValueError:
+        return None
+    await db.reset_failed(pool, photo_id)
+    new_id = await streams.replay_once(letter.id, task_fields(photo_id))
+    if new_id is not None:
+        await db.record_requeued(pool, photo_id, new_id)
+    return new_id
+
+
+async def retry_photo(pool: db.Pool, streams: Streams, photo_id: uuid.UUID) -> str | None:
+    """A failed photo is terminal until an operator retries it: reset, then XADD. None if
+    the photo was not `processing_failed` (left alone)."""
+    if not await db.reset_failed(pool, photo_id):
+        return None
+    await streams.ensure_group()
+    entry_id = await streams.enqueue(task_fields(photo_id))
+    await db.record_requeued(pool, photo_id, entry_id)
+    return entry_id
+
+
+def _letter_line(letter: Entry) -> str:
+    f = letter.fields
+    return f"{letter.id}  {f.get('photo_id') or '-':<36}  {f.get('error_code', '?'):<20}"
+
+
 async def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
-    """List dead letters, or replay them: the photo is reset to `uploaded` in Postgres, then
-    the letter is moved back onto the work stream in one MULTI (so never twice)."""
     async with services(settings, 1) as (pool, streams):
-        letters = [
-            e for e in await streams.dead_letters(args.limit)
-            if not args.code or e.fields.get("error_code") in args.code
-        ]  # fmt: skip
-        for letter in letters:
-            f = letter.fields
-            line = f"{letter.id}  {f.get('photo_id') or '-':<36}  {f.get('error_code', '?'):<20}"
-            if args.action == "list":
-                print(f"{line}  attempts={f.get('attempts')}  {f.get('error', '')[:80]}")
-            elif not f.get("photo_id"):
-                print(f"{line}  not replayable (no photo_id)")
-            elif args.dry_run:
-                print(f"{line}  would replay")
-            else:
-                photo_id = uuid.UUID(f["photo_id"])
-                await db.reset_failed(pool, photo_id)
-                new_id = await streams.replay(letter.id, task_fields(photo_id))
-                await db.record_requeued(pool, photo_id, new_id)
-                print(f"{line}  replayed as {new_id}")
+        if args.action == "list":
+            return await _list_letters(streams, args)
+        return await _replay_letters(pool, streams, args)
+
+
+async def _list_letters(streams: Streams, args: argparse.Namespace) -> int:
+    letters = [e async for e in dead_letters(streams, args.code, args.limit or 1000)]
+    if args.json:
+        print(msgspec.json.encode([{"id": e.id, **e.fields} for e in letters]).decode())
+        return 0
+    for letter in letters:
+        f = letter.fields
+        print(f"{_letter_line(letter)}  attempts={f.get('attempts')}  {f.get('error', '')[:80]}")
     print(f"{len(letters)} dead letter(s)", file=sys.stderr)
     return 0
 
 
+async def _replay_letters(pool: db.Pool, streams: Streams, args: argparse.Namespace) -> int:
+    # Only what a replay needs, so 100,000 letters stay a few tens of MB.
+    letters = [Entry(e.id, {k: v for k, v in e.fields.items() if k in ("photo_id", "error_code")})
+               async for e in dead_letters(streams, args.code, args.limit)]  # fmt: skip
+    verb = "would replay" if args.dry_run else "replayed"
+    progress, pacer = Progress(len(letters), verb, sys.stderr), Pacer(args.rate)
+    skipped = 0
+    for letter in letters:
+        if args.dry_run:
+            progress.advance()
+            progress.line(f"{_letter_line(letter)}  would replay", sys.stdout)
+            continue
+        await pacer.wait()
+        new_id = await replay_letter(pool, streams, letter)
+        if new_id is None:
+            skipped += 1
+            why = "skipped (no photo_id, or another replay took it)"
+            progress.line(f"{_letter_line(letter)}  {why}", sys.stdout)
+            continue
+        progress.advance()
+        progress.line(f"{_letter_line(letter)}  replayed as {new_id}", sys.stdout)
+    progress.finish(f"{skipped} skipped" if skipped else "")
+    return 0
+
+
 async def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
-    """A failed photo is terminal until an operator retries it: reset, then XADD."""
     status = 0
     async with services(settings, 1) as (pool, streams):
-        await streams.ensure_group()
         for photo_id in args.photo_ids:
-            if await db.reset_failed(pool, photo_id):
-                entry_id = await streams.enqueue(task_fields(photo_id))
-                await db.record_requeued(pool, photo_id, entry_id)
-                print(photo_id, entry_id, flush=True)
-            else:
+            entry_id = await retry_photo(pool, streams, photo_id)
+            if entry_id is None:
                 print(f"{photo_id} is not processing_failed; left alone", file=sys.stderr)
                 status = 1
+            else:
+                print(photo_id, entry_id, flush=True)
     return status
+
+
+async def cmd_rerender(settings: Settings, args: argparse.Namespace) -> int:
+    """Re-render processed photos in place (after DARKROOM_RENDITIONS changed or an
+    upgrade): mark them, then XADD. They stay published throughout."""
+    if not args.rerender or (args.state is None) != (args.since is None):
+        print("darkroom: use enqueue --rerender PHOTO_ID... and/or --state processed --since "
+              "DATE", file=sys.stderr)  # fmt: skip
+        return 2
+    if not args.photo_ids and args.since is None:
+        print("darkroom: enqueue --rerender needs PHOTO_ID... or --since", file=sys.stderr)
+        return 2
+    async with services(settings, 1) as (pool, streams):
+        await streams.ensure_group()
+        marked = await db.request_rerender(pool, list(args.photo_ids), args.since)
+        for photo_id in marked:
+            entry_id = await streams.enqueue(task_fields(photo_id))
+            await db.record_requeued(pool, photo_id, entry_id)
+            print(photo_id, entry_id, flush=True)
+    left = sorted(set(args.photo_ids) - set(marked))
+    for photo_id in left:
+        print(f"{photo_id} is not processed; left alone", file=sys.stderr)
+    return 1 if left else 0
+
+
+# -- consumers ------------------------------------------------------------------------------
+
+
+async def prune_consumers(streams: Streams, idle_ms: int, dry_run: bool) -> list[str]:
+    """Consumers with nothing pending idle longer than `idle_ms`: removed (or only named,
+    on a dry run). The check and the delete are atomic in Redis (streams.py)."""
+    status = await streams.status()
+    idle = [c["name"] for c in status["consumers"] if not c["pending"] and c["idle_ms"] > idle_ms]
+    if dry_run:
+        return idle
+    return [name for name in idle if await streams.remove_consumer_if_idle(name, idle_ms)]
+
+
+async def cmd_consumers(settings: Settings, args: argparse.Namespace) -> int:
+    async with services(settings, 1) as (_, streams):
+        names = await prune_consumers(streams, args.idle, args.dry_run)
+    for name in names:
+        print(f"{name}  {'would remove' if args.dry_run else 'removed'}")
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{verb} {len(names)} consumer(s) idle over {args.idle} ms", file=sys.stderr)
+    return 0

@@ -8,11 +8,14 @@ other size cascaded from it. Outputs are upright, 8-bit sRGB, with no metadata a
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 import pyvips
 
+from darkroom import exif, gif, isobmff, placeholders
 from darkroom.errors import (
     CorruptImageError,
     DarkroomError,
@@ -36,12 +39,37 @@ _HEIF_BRANDS = {b"mif1", b"msf1", b"miaf"}
 _KEEP_NONE = 0  # ForeignKeep.NONE: no EXIF, XMP, IPTC, ICC or other metadata in outputs
 
 
-class Facts(msgspec.Struct, frozen=True):
-    """What the original is: source format and upright pixel size."""
+class Source(msgspec.Struct, frozen=True):
+    """What the header says: format, upright size, frames, embedded profile and EXIF."""
 
     format: str
     width: int
     height: int
+    frames: int = 1
+    icc: bytes | None = None
+    exif: bytes | None = None
+
+
+class Facts(msgspec.Struct, frozen=True):
+    """What the original is and what a gallery shows before the pixels arrive."""
+
+    format: str
+    width: int
+    height: int
+    has_alpha: bool = False  # some pixel is not fully opaque
+    frames: int = 1
+    source_profile: str | None = None
+    thumbhash: str | None = None
+    dominant_color: str | None = None
+    capture: exif.Capture = msgspec.field(default_factory=exif.Capture)
+
+    def row(self, size: int, *, keep_location: bool) -> dict[str, Any]:
+        """The `photos` columns; location only when the operator chose to keep it."""
+        row = {**msgspec.structs.asdict(self), **msgspec.structs.asdict(self.capture)}
+        del row["capture"]
+        if not keep_location:
+            row["latitude"] = row["longitude"] = None
+        return {**row, "bytes": size}
 
 
 class Rendered(msgspec.Struct, frozen=True):
@@ -99,8 +127,9 @@ def render(data: bytes, specs: Iterable[RenditionSpec], max_pixels: int) -> Rend
     specs = sorted(specs, key=lambda s: s.size, reverse=True)
     fmt = sniff(data)
     try:
-        base, facts = _decode(data, fmt, specs[0].size, max_pixels)
-        return RenderResult(facts, list(_cascade(base, specs)))
+        base, source = _decode(data, fmt, specs[0].size, max_pixels)
+        renditions = list(_cascade(base, specs))
+        return RenderResult(_facts(base, source, data), renditions)
     except DarkroomError:
         raise
     except pyvips.Error as exc:
@@ -113,14 +142,56 @@ def _vips_message(exc: pyvips.Error) -> str:
     return lines[-1][:300] if lines else "libvips could not decode the image"
 
 
-def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.Image, Facts]:
+def _facts(base: pyvips.Image, source: Source, data: bytes) -> Facts:
+    width, height, rgba = _small_rgba(base)
+    dominant = placeholders.dominant_color(rgba)
+    return Facts(
+        source.format,
+        source.width,
+        source.height,
+        has_alpha=bool(base.hasalpha()),
+        frames=source.frames,
+        source_profile=profile_name(source.icc),
+        thumbhash=placeholders.thumbhash_text(width, height, rgba),
+        dominant_color=dominant[0] if dominant else None,
+        capture=exif.read(source.exif),
+    )
+
+
+def _small_rgba(base: pyvips.Image) -> tuple[int, int, bytes]:
+    """At most 100×100 px, 8-bit sRGB with alpha, cascaded from the decode."""
+    side = placeholders.SIDE
+    small = base.thumbnail_image(side, height=side, size="down")
+    if small.bands < 3:
+        small = small.colourspace("srgb")
+    if not small.hasalpha():
+        small = small.bandjoin_const([255])
+    return small.width, small.height, bytes(small.cast("uchar").write_to_memory())
+
+
+def profile_name(icc: bytes | None) -> str | None:
+    """The ICC profile's description ("Display P3"), or None if absent or unreadable."""
+    if not icc:
+        return None
+    from PIL import ImageCms
+
+    try:
+        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        name = str(profile.profile.profile_description or "").strip()
+    except Exception:  # a damaged profile names nothing
+        return None
+    return "".join(c for c in name if c.isprintable())[:200] or None
+
+
+def _blob(image: pyvips.Image, name: str) -> bytes | None:
+    return bytes(image.get(name)) if image.get_typeof(name) else None
+
+
+def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.Image, Source]:
     if fmt == "heic":
         return _decode_heic(data, size, max_pixels)
-    header = pyvips.Image.new_from_buffer(data, "", access="sequential", fail_on="error")
-    loader = header.get("vips-loader")
-    if not loader.startswith(_LOADER_NAMES):
-        raise UnsupportedFormatError(f"loader {loader} is not allowed")
-    _check_pixels(header.width, header.height, max_pixels)
+    header = _header(data, fmt, max_pixels)
+    limits = _HEIF_LIMITS if fmt == "avif" else {}
     width, height = _upright(header)
     # Untagged RGB is taken as sRGB already: converting sRGB→sRGB costs ~25% and changes nothing.
     tagged = header.get_typeof("icc-profile-data") or header.interpretation == "cmyk"
@@ -129,15 +200,39 @@ def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.I
         size,
         height=size,
         size="down",
-        option_string="fail_on=error",
+        option_string="fail_on=error" + "".join(f",{k}=true" for k in limits),
         **(_COLOUR if tagged else {}),
     )  # thumbnail's own fail_on does not reach the loader: pass it in option_string
-    return _finish(image), Facts(fmt, width, height)
+    frames = header.get("n-pages") if fmt in ("gif", "webp") and header.get_typeof("n-pages") else 1
+    source = Source(fmt, width, height, frames, _blob(header, "icc-profile-data"),
+                    _blob(header, "exif-data"))  # fmt: skip
+    return _finish(image), source
 
 
 # thumbnail imports with the embedded profile (CMYK falls back to a CMYK profile)
 # and exports sRGB; 16-bit inputs come out 8-bit.
 _COLOUR = {"output_profile": "srgb", "intent": "perceptual"}
+
+
+# libheif's fixed default limits (256 items, ...) refuse valid large grids: darkroom's own
+# apply instead (the pixel budget, the structure checks, the render's memory and time limits)
+_HEIF_LIMITS = {"unlimited": True}
+
+
+def _header(data: bytes, fmt: str, max_pixels: int) -> pyvips.Image:
+    """The header, after the structure checks libvips' loaders do not make; then the
+    pixel budget, before any pixel is decoded."""
+    if fmt == "avif":
+        isobmff.check(data)
+    limits = _HEIF_LIMITS if fmt == "avif" else {}
+    header = pyvips.Image.new_from_buffer(data, "", access="sequential", fail_on="error", **limits)
+    loader = header.get("vips-loader")
+    if not loader.startswith(_LOADER_NAMES):
+        raise UnsupportedFormatError(f"loader {loader} is not allowed")
+    _check_pixels(header.width, header.height, max_pixels)
+    if fmt == "gif":
+        gif.check_first_frame(data)
+    return header
 
 
 def _upright(header: pyvips.Image) -> tuple[int, int]:
@@ -154,11 +249,12 @@ def _check_pixels(width: int, height: int, max_pixels: int) -> None:
         )
 
 
-def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image, Facts]:
+def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image, Source]:
     """HEVC HEIC through libheif/libde265 (pi-heif); irot/imir are applied by libheif."""
-    import pi_heif
+    import pi_heif  # imported here: only HEIC renders pay for its address space
 
-    _check_boxes(data)
+    pi_heif.options.DISABLE_SECURITY_LIMITS = True  # darkroom's own limits apply (_header)
+    isobmff.check(data)
     try:
         heif = pi_heif.open_heif(data, convert_hdr_to_8bit=True)
         width, height = heif.size
@@ -176,22 +272,10 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
     if icc:
         image.set_type(pyvips.GValue.blob_type, "icc-profile-data", bytes(icc))
     resized = image.thumbnail_image(size, height=size, size="down", **_COLOUR)
-    return _finish(resized), Facts("heic", width, height)
-
-
-def _check_boxes(data: bytes) -> None:
-    """Every top-level ISO-BMFF box must fit in the data: libheif fills a cut-short upload
-    with flat colour instead of failing, so truncation is caught here."""
-    pos = 0
-    while pos < len(data):
-        size = int.from_bytes(data[pos : pos + 4], "big")
-        if size == 1:
-            size = int.from_bytes(data[pos + 8 : pos + 16], "big")
-        elif size == 0:
-            return  # the last box runs to the end of the file
-        if size < 8 or pos + size > len(data):
-            raise CorruptImageError(f"HEIF box at byte {pos} runs past the end of the data")
-        pos += size
+    exif_block = heif.info.get("exif")
+    source = Source("heic", width, height, 1, bytes(icc) if icc else None,
+                    bytes(exif_block) if exif_block else None)  # fmt: skip
+    return _finish(resized), source
 
 
 def _finish(image: pyvips.Image) -> pyvips.Image:

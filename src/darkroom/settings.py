@@ -13,7 +13,7 @@ import socket
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import msgspec
 
@@ -92,6 +92,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Entries held at once (downloading, waiting for a render slot, uploading); 0 means
     # 2 × concurrency. Render slots stay `concurrency`: the extra entries keep them fed.
     max_in_flight: int = 0
+    keep_location: bool = False
+    web_host: str = "127.0.0.1"
+    web_port: int = 8080
+    web_token: str | None = None
 
     @property
     def in_flight_bound(self) -> int:
@@ -145,14 +149,35 @@ def _port(raw: str) -> int:
     return value
 
 
+def _tcp_port(raw: str) -> int:
+    value = int(raw)
+    if not 1 <= value <= 65535:
+        raise ValueError("must be a TCP port (1..65535)")
+    return value
+
+
+def _token(raw: str) -> str:
+    # Guessable tokens defeat the point; 16 characters is the floor (32 random bytes is better).
+    if len(raw.strip()) < 16 or raw != raw.strip():
+        raise ValueError("must be at least 16 characters, without surrounding spaces")
+    return raw
+
+
 def _nonempty(raw: str) -> str:
     if not raw.strip():
         raise ValueError("must not be empty")
     return raw
 
 
+def _boolean(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError("must be true or false")
+    return value in ("true", "1", "yes")
+
+
 PARSERS: dict[str, Callable[[str], Any]] = {
-    "redis_url": _url("redis", "rediss", "unix"),
+    "redis_url": lambda raw: parse_redis_url(raw).url,  # validated here, opened by streams
     "database_url": _url("postgres", "postgresql"),
     "storage_url": _storage_url,
     "s3_endpoint_url": _url("http", "https"),
@@ -177,7 +202,15 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "log_format": _choice("json", "console"),
     "log_level": _choice("debug", "info", "warning", "error"),
     "max_in_flight": _positive(int),
+    "keep_location": _boolean,
+    "web_host": _nonempty,
+    "web_port": _tcp_port,
+    "web_token": _token,
 }
+
+
+# Never echoed back in an error message.
+SECRETS = frozenset({"web_token"})
 
 
 def env_name(field: str) -> str:
@@ -195,7 +228,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         try:
             values[field] = parse(raw)
         except ValueError as exc:
-            raise SettingsError(env_name(field), f"{exc} (got {raw!r})") from None
+            shown = "a hidden value" if field in SECRETS else repr(raw)
+            raise SettingsError(env_name(field), f"{exc} (got {shown})") from None
     known = {env_name(f) for f in PARSERS}
     for name in environ:
         if name.startswith("DARKROOM_") and name not in known:
@@ -205,12 +239,14 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError("DARKROOM_READ_BLOCK_MS", "must be at most 5000")
     if settings.max_in_flight and settings.max_in_flight < settings.concurrency:
         raise SettingsError("DARKROOM_MAX_IN_FLIGHT", "must be at least DARKROOM_CONCURRENCY")
+    _check_socket_timeout(settings)
     if settings.dead_letter_stream == settings.stream:
         raise SettingsError("DARKROOM_DEAD_LETTER_STREAM", "must differ from DARKROOM_STREAM")
     if hash_tag(settings.stream) != hash_tag(settings.dead_letter_stream):
         raise SettingsError(
             "DARKROOM_DEAD_LETTER_STREAM",
-            "must share DARKROOM_STREAM's {hash tag} (one MULTI moves entries between them)",
+            "must share DARKROOM_STREAM's {hash tag} (one script moves entries between them,"
+            " and on a Redis Cluster its keys must be in one slot)",
         )
     return settings
 
@@ -220,3 +256,150 @@ def hash_tag(key: str) -> str:
     start = key.find("{")
     end = key.find("}", start + 1)
     return key[start + 1 : end] if start >= 0 and end > start + 1 else key
+
+
+# -- DARKROOM_REDIS_URL: one node, a Sentinel service or a Cluster -------------------------
+
+Topology = Literal["single", "sentinel", "cluster"]
+SCHEMES: dict[str, tuple[Topology, bool]] = {
+    "redis": ("single", False),
+    "rediss": ("single", True),
+    "unix": ("single", False),
+    "redis+sentinel": ("sentinel", False),
+    "rediss+sentinel": ("sentinel", True),
+    "redis+cluster": ("cluster", False),
+    "rediss+cluster": ("cluster", True),
+}
+
+
+def _flag(raw: str) -> bool:
+    if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+        raise ValueError("must be true or false")
+    return raw.lower() in ("1", "true", "yes")
+
+
+# Connection options accepted in the URL's query string (redis-py keyword arguments).
+REDIS_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "socket_timeout": _positive(float),
+    "socket_connect_timeout": _positive(float),
+    "health_check_interval": _positive(float),
+    "max_connections": _positive(int),
+    "client_name": _nonempty,
+    "ssl_ca_certs": _nonempty,
+    "ssl_certfile": _nonempty,
+    "ssl_keyfile": _nonempty,
+    "ssl_cert_reqs": _choice("required", "optional", "none"),
+    "ssl_check_hostname": _flag,
+}
+SENTINEL_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "sentinel_username": _nonempty,
+    "sentinel_password": _nonempty,
+}
+
+
+class RedisTarget(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the streams live. `nodes` are the server (single), the sentinels, or the
+    cluster's seed nodes; `options` are redis-py connection keyword arguments."""
+
+    url: str
+    topology: Topology
+    tls: bool = False
+    nodes: tuple[tuple[str, int], ...] = ()
+    unix_path: str | None = None
+    service: str | None = None
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    options: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+def parse_redis_url(raw: str) -> RedisTarget:
+    """`redis[s]://[user:pass@]host[:port][/db]`, `unix:///path.sock[?db=N]`,
+    `redis[s]+sentinel://[user:pass@]host:port[,host:port...]/service[/db]` and
+    `redis[s]+cluster://[user:pass@]host:port[,host:port...]`, each with an optional
+    `?option=value&...` from REDIS_OPTIONS. Raises ValueError with the reason."""
+    parts = urlsplit(raw)
+    if parts.scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {', '.join(f'{s}://' for s in SCHEMES)}")
+    topology, tls = SCHEMES[parts.scheme]
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    username, _, password = userinfo.partition(":")
+    target = RedisTarget(
+        url=raw,
+        topology=topology,
+        tls=tls,
+        username=unquote(username) or None,
+        password=unquote(password) or None,
+        options=_redis_options(parts.query, topology, tls),
+    )
+    if parts.scheme == "unix":
+        return _unix_target(target, parts.path)
+    return _located(target, _redis_nodes(hosts, topology), parts.path)
+
+
+def _redis_options(query: str, topology: Topology, tls: bool) -> dict[str, Any]:
+    allowed = {**REDIS_OPTIONS, **(SENTINEL_OPTIONS if topology == "sentinel" else {})}
+    if topology != "cluster":
+        allowed["db"] = _db
+    options: dict[str, Any] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in allowed:
+            raise ValueError(f"unknown option {name!r} (known: {', '.join(sorted(allowed))})")
+        if name.startswith("ssl_") and not tls:
+            raise ValueError(f"option {name} needs TLS (rediss://, rediss+sentinel://, ...)")
+        try:
+            options[name] = allowed[name](value)
+        except ValueError as exc:
+            raise ValueError(f"option {name}: {exc}") from None
+    return options
+
+
+def _db(raw: str) -> int:
+    value = int(raw)
+    if not 0 <= value <= 10_000:
+        raise ValueError("database number must be 0 or more")
+    return value
+
+
+def _redis_nodes(hosts: str, topology: Topology) -> tuple[tuple[str, int], ...]:
+    """`host[:port]`, or for sentinel and cluster a comma-separated list (IPv6 in [])."""
+    default_port = 26379 if topology == "sentinel" else 6379
+    nodes: list[tuple[str, int]] = []
+    for item in hosts.split(","):
+        parsed = urlsplit(f"//{item}")
+        if not parsed.hostname:
+            raise ValueError(f"{item!r} is not host[:port]")
+        nodes.append((parsed.hostname, parsed.port or default_port))
+    if topology == "single" and len(nodes) > 1:
+        raise ValueError("several hosts need redis+sentinel:// or redis+cluster://")
+    return tuple(nodes)
+
+
+def _located(target: RedisTarget, nodes: tuple[tuple[str, int], ...], path: str) -> RedisTarget:
+    """Apply the URL path: `/db` (single), `/service[/db]` (sentinel), nothing (cluster)."""
+    segments = [unquote(s) for s in path.split("/") if s]
+    service = segments.pop(0) if target.topology == "sentinel" and segments else None
+    if target.topology == "sentinel" and not service:
+        raise ValueError("redis+sentinel:// needs the service name: host:port,.../SERVICE[/db]")
+    if len(segments) > 1 or (segments and target.topology == "cluster"):
+        raise ValueError(f"unexpected path {path!r} (a cluster has only database 0)")
+    db = _db(segments[0]) if segments else 0
+    db = target.options.pop("db", db)
+    return msgspec.structs.replace(target, nodes=nodes, service=service, db=db)
+
+
+def _unix_target(target: RedisTarget, path: str) -> RedisTarget:
+    if not path:
+        raise ValueError("unix:// needs a socket path: unix:///run/redis.sock")
+    db = target.options.pop("db", 0)
+    return msgspec.structs.replace(target, unix_path=unquote(path), db=db)
+
+
+def _check_socket_timeout(settings: Settings) -> None:
+    """A blocking XREADGROUP must return before the socket timeout cuts it off."""
+    timeout_s = parse_redis_url(settings.redis_url).options.get("socket_timeout")
+    if timeout_s is not None and timeout_s * 1000 < settings.read_block_ms + 1000:
+        raise SettingsError(
+            "DARKROOM_REDIS_URL",
+            f"socket_timeout={timeout_s} must exceed DARKROOM_READ_BLOCK_MS by at least 1 s",
+        )

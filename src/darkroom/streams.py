@@ -2,8 +2,8 @@
 
 Invariants: an entry is acked (and deleted, so the stream holds only the backlog) only
 after Postgres committed its outcome; nothing pending is ever trimmed; the dead-letter
-XADD and the source XACK+XDEL happen in one MULTI. Driver errors become
-QueueUnavailableError here.
+XADD and the source XACK+XDEL happen in one Lua script (keys of one hash slot). Driver
+errors become QueueUnavailableError here.
 """
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ from typing import Any
 
 import redis.asyncio as redis
 from redis import exceptions as rx
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel
 
 from darkroom import errors
 from darkroom.errors import QueueUnavailableError, Rule
 from darkroom.messages import Entry
+from darkroom.settings import RedisTarget, parse_redis_url
 
 
 def _prefix(*words: str) -> Any:
@@ -32,6 +35,8 @@ ERRORS: tuple[Rule, ...] = (
     Rule(rx.BusyLoadingError, Q, "loading"),  # a restarted node reading its dataset
     Rule(rx.MasterDownError, Q, "master_down"),  # a replica that lost its primary
     Rule((rx.ClusterDownError, rx.TryAgainError, rx.SlotNotCoveredError), Q, "cluster_down"),
+    # not a rx.RedisError: no seed node of the cluster answered
+    Rule(rx.RedisClusterException, Q, "cluster_unreachable"),
     Rule(rx.OutOfMemoryError, Q, "out_of_memory"),  # maxmemory reached
     Rule((rx.AuthenticationError, rx.AuthorizationError), Q, "auth"),
     Rule(rx.NoPermissionError, Q, "no_permission"),  # ACL revoked
@@ -82,15 +87,97 @@ def _group_may_be_gone() -> Iterator[None]:
             raise
 
 
-def connect(url: str) -> redis.Redis:
-    # BLOCK reads stay at most 5 s (settings), well under the socket timeout.
-    return redis.Redis.from_url(
-        url,
-        decode_responses=True,
-        socket_timeout=15,
-        socket_connect_timeout=5,
-        health_check_interval=30,
-    )
+# redis-py connection defaults; the URL's query options override them. BLOCK reads stay
+# at most 5 s (settings), well under the socket timeout.
+CONNECTION_DEFAULTS: dict[str, Any] = {
+    "socket_timeout": 15,
+    "socket_connect_timeout": 5,
+    "health_check_interval": 30,
+}
+# Asking a sentinel where the primary is must fail fast, so the next sentinel is asked.
+SENTINEL_DEFAULTS: dict[str, Any] = {"socket_timeout": 2, "socket_connect_timeout": 2}
+
+Client = redis.Redis | RedisCluster
+
+
+def connect(url: str) -> Client:
+    """A client for DARKROOM_REDIS_URL: one node, the primary of a Sentinel service (found
+    again after a failover: a READONLY reply makes it ask the sentinels), or a Cluster."""
+    target = parse_redis_url(url)
+    options = {**CONNECTION_DEFAULTS, **_credentials(target), **target.options}
+    options["decode_responses"] = True
+    if target.topology == "sentinel":
+        return _sentinel_primary(target, options)
+    if target.topology == "cluster":
+        nodes = [ClusterNode(host, port) for host, port in target.nodes]
+        return RedisCluster(startup_nodes=nodes, ssl=target.tls, **options)
+    if target.unix_path:
+        return redis.Redis(unix_socket_path=target.unix_path, db=target.db, **options)
+    host, port = target.nodes[0]
+    return redis.Redis(host=host, port=port, db=target.db, ssl=target.tls, **options)
+
+
+def _credentials(target: RedisTarget) -> dict[str, Any]:
+    return {"username": target.username, "password": target.password}
+
+
+class SentinelPrimary(redis.Redis):
+    """The primary of a Sentinel service; closing it closes the sentinel connections too."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        sentinels = self.connection_pool.sentinel_manager.sentinels  # type: ignore[attr-defined]
+        await super().aclose(close_connection_pool)
+        for sentinel in sentinels:
+            await sentinel.aclose()
+
+
+def _sentinel_primary(target: RedisTarget, options: dict[str, Any]) -> redis.Redis:
+    sentinel_options = {
+        **SENTINEL_DEFAULTS,
+        "username": options.pop("sentinel_username", None),
+        "password": options.pop("sentinel_password", None),
+        "decode_responses": True,
+    }
+    if target.tls:
+        ssl = {k: v for k, v in options.items() if k.startswith("ssl_")}
+        sentinel_options.update(ssl=True, **ssl)
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(target.nodes), sentinel_kwargs=sentinel_options, db=target.db, ssl=target.tls,
+        **options,
+    )  # fmt: skip
+    primary: redis.Redis = sentinel.master_for(str(target.service), redis_class=SentinelPrimary)
+    return primary
+
+
+# Entries move between the two streams in Lua scripts over keys of one hash slot, atomic on
+# a single node, behind Sentinel and on a Cluster alike (the asyncio cluster client of the
+# older redis-py versions pyproject allows refuses MULTI).
+# XACK runs under pcall so that, as in a MULTI, the rest runs when the group is gone; its
+# error is handed back for `_no_group` to judge.
+ACK_LUA = """
+local acked = redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+if type(acked) == 'table' and acked.err then return redis.error_reply(acked.err) end
+return acked
+"""
+# KEYS: dead stream, work stream; ARGV: maxlen, group, entry id, field, value, ...
+DEAD_LETTER_LUA = """
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 4))
+local acked = redis.pcall('XACK', KEYS[2], ARGV[2], ARGV[3])
+redis.call('XDEL', KEYS[2], ARGV[3])
+if type(acked) == 'table' and acked.err then return {id, acked.err} end
+return {id, ''}
+"""
+# KEYS: work stream, dead stream; ARGV: dead-letter id, field, value, ...
+REPLAY_LUA = """
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+redis.call('XDEL', KEYS[2], ARGV[1])
+return id
+"""
+
+
+def _flat(fields: dict[str, str]) -> list[str]:
+    return [item for pair in fields.items() for item in pair]
 
 
 # The ids among ARGV that are not in the stream KEYS[1] (one key: valid on a cluster).
@@ -112,7 +199,7 @@ class Streams:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Client,
         stream: str,
         group: str,
         consumer: str,
@@ -210,28 +297,18 @@ class Streams:
 
     @translated
     async def ack(self, entry_id: str) -> None:
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.xack(self.stream, self.group, entry_id)
-            pipe.xdel(self.stream, entry_id)
-            with _group_may_be_gone():
-                await pipe.execute()
+        script = self.client.register_script(ACK_LUA)  # hashes the text; no round trip
+        with _group_may_be_gone():
+            await script(keys=[self.stream], args=[self.group, entry_id])
 
     @translated
     async def dead_letter(self, entry_id: str, fields: dict[str, str]) -> str:
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.xadd(
-                self.dead_stream,
-                fields,  # type: ignore[arg-type]
-                maxlen=self.dead_maxlen,
-                approximate=True,
-            )
-            pipe.xack(self.stream, self.group, entry_id)
-            pipe.xdel(self.stream, entry_id)
-            replies = await pipe.execute(raise_on_error=False)
-        for reply in replies:
-            if isinstance(reply, rx.ResponseError) and not _no_group(reply):
-                raise reply
-        return str(replies[0])
+        script = self.client.register_script(DEAD_LETTER_LUA)
+        args: list[str | int] = [self.dead_maxlen, self.group, entry_id, *_flat(fields)]
+        dead_id, error = await script(keys=[self.dead_stream, self.stream], args=args)
+        if error and not _no_group(rx.ResponseError(error)):
+            raise rx.ResponseError(error)
+        return str(dead_id)
 
     @translated
     async def dead_letters(self, count: int) -> list[Entry]:
@@ -240,10 +317,8 @@ class Streams:
     @translated
     async def replay(self, dead_id: str, fields: dict[str, str]) -> str:
         """Move one dead letter back to the work stream, atomically (no double replay)."""
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.xadd(self.stream, fields)  # type: ignore[arg-type]
-            pipe.xdel(self.dead_stream, dead_id)
-            new_id, _ = await pipe.execute()
+        script = self.client.register_script(REPLAY_LUA)
+        new_id = await script(keys=[self.stream, self.dead_stream], args=[dead_id, *_flat(fields)])
         return str(new_id)
 
     @translated
@@ -293,3 +368,67 @@ class Streams:
 
     async def _exists(self) -> bool:
         return bool(await self.client.exists(self.stream))
+
+    # -- consumer housekeeping and paged dead letters (issue 9) ------------------------------
+
+    @translated
+    async def remove_consumer_if_idle(self, name: str, min_idle_ms: int) -> bool:
+        """XGROUP DELCONSUMER discards the consumer's pending entries, so the check (nothing
+        pending, idle at least `min_idle_ms`) and the delete run as one script: an entry
+        delivered to it in between cannot be lost. True if it was removed."""
+        try:
+            removed = await self.client.eval(
+                _DELCONSUMER_IF_IDLE, 1, self.stream, self.group, name, str(min_idle_ms)
+            )
+        except rx.ResponseError as exc:
+            if _no_group(exc) or "no such key" in str(exc):
+                return False
+            raise
+        return int(removed) == 1
+
+    async def remove_self_if_idle(self) -> bool:
+        """On a clean exit: leave the group unless this consumer still holds entries (they
+        stay pending for its next start or for XAUTOCLAIM)."""
+        return await self.remove_consumer_if_idle(self.consumer, 0)
+
+    @translated
+    async def dead_letter_page(self, after: str, count: int) -> list[Entry]:
+        """Dead letters oldest first, strictly after id `after` ("-" for the start)."""
+        start = "-" if after == "-" else f"({after}"
+        return _entries(await self.client.xrange(self.dead_stream, start, "+", count=count) or [])
+
+    @translated
+    async def replay_once(self, dead_id: str, fields: dict[str, str]) -> str | None:
+        """Move one dead letter back to the work stream only if it is still there, in one
+        script: two operators replaying at once (a double click) enqueue it once. The new
+        entry id, or None if another replay took the letter first."""
+        flat = [item for pair in fields.items() for item in pair]
+        new_id = await self.client.eval(
+            _REPLAY_IF_PRESENT, 2, self.dead_stream, self.stream, dead_id, *flat
+        )
+        return str(new_id) if new_id else None
+
+
+# KEYS[1] dead-letter stream, KEYS[2] work stream (one hash slot); ARGV[1] letter id, then
+# the new entry's fields. Returns the new entry id, or false if the letter was gone.
+_REPLAY_IF_PRESENT = """
+if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return false end
+return redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
+"""
+
+# KEYS[1] stream; ARGV group, consumer, min idle ms. Returns 1 removed, 0 kept, -1 unknown.
+_DELCONSUMER_IF_IDLE = """
+local rows = redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
+for _, row in ipairs(rows) do
+  local c = {}
+  for i = 1, #row, 2 do c[row[i]] = row[i + 1] end
+  if c['name'] == ARGV[2] then
+    if tonumber(c['pending']) == 0 and tonumber(c['idle']) >= tonumber(ARGV[3]) then
+      redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+      return 1
+    end
+    return 0
+  end
+end
+return -1
+"""

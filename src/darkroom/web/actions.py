@@ -1,0 +1,140 @@
+"""Actions behind the operator token: replay dead letters, retry a photo, restore its
+original; and the login/logout forms that set the session cookie."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+from urllib.parse import urlencode
+
+import structlog
+from starlette.datastructures import FormData, UploadFile
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from darkroom import ops
+from darkroom.web.auth import COOKIE, Session
+from darkroom.web.pages import photo_or_404
+from darkroom.web.render import deps, json_response, render, set_session_cookie
+
+log = structlog.get_logger("darkroom.web")
+REPLAY_MAX = 1000  # letters replayed per click; the page says when more remain
+
+
+async def authorize(request: Request) -> tuple[str, FormData]:
+    """`bearer` or `session`, with the posted form. Checks credentials before reading the
+    body: 401 with none, 403 with wrong ones (or a missing/wrong CSRF token)."""
+    auth = deps(request).auth
+    if not auth.enabled:
+        raise HTTPException(403, "read-only: DARKROOM_WEB_TOKEN is not set")
+    verdict = auth.bearer(request.headers.get("authorization"))
+    if verdict == "wrong":
+        raise HTTPException(403, "wrong token")
+    session = auth.read_session(request.cookies.get(COOKIE))
+    if verdict == "none" and not (session and session.operator):
+        raise HTTPException(401, "log in, or send Authorization: Bearer <token>",
+                            headers={"www-authenticate": "Bearer"})  # fmt: skip
+    form = await request.form(max_files=1, max_fields=20)
+    if verdict == "ok":
+        return "bearer", form
+    assert session is not None
+    if not auth.csrf_ok(session, form.get("csrf")):
+        raise HTTPException(403, "missing or wrong CSRF token: reload the page and try again")
+    return "session", form
+
+
+def done(kind: str, to: str, payload: dict[str, Any]) -> Response:
+    """Scripts get JSON; a browser goes back to the page (303), which shows the result."""
+    if kind == "bearer":
+        return json_response(payload)
+    return RedirectResponse(f"{to}?{urlencode(payload)}", 303)
+
+
+async def replay(request: Request) -> Response:
+    kind, form = await authorize(request)
+    d = deps(request)
+    code = str(form.get("code") or request.query_params.get("code") or "") or None
+    codes = [code] if code else None
+    letters = [e async for e in ops.dead_letters(d.streams, codes, REPLAY_MAX)]
+    replayed = 0
+    for letter in letters:
+        replayed += await ops.replay_letter(d.pool, d.streams, letter) is not None
+    more = len(letters) == REPLAY_MAX
+    log.info("dead letters replayed", via=kind, code=code, replayed=replayed, more=more)
+    payload = {"replayed": replayed, "skipped": len(letters) - replayed, "more": more}
+    return done(kind, "/dead-letters", {**payload, **({"code": code} if code else {})})
+
+
+async def retry(request: Request) -> Response:
+    kind, _ = await authorize(request)
+    d = deps(request)
+    photo_id: uuid.UUID = request.path_params["photo_id"]
+    entry_id = await ops.retry_photo(d.pool, d.streams, photo_id)
+    if entry_id is None:
+        raise HTTPException(409, "the photo is not processing_failed; nothing to retry")
+    log.info("photo retried", via=kind, photo_id=str(photo_id), entry_id=entry_id)
+    return done(kind, f"/photos/{photo_id}", {"retried": True, "entry_id": entry_id})
+
+
+async def restore_original(request: Request) -> Response:
+    """Replace the bytes at the photo's original_key (the producer's file was lost or bad),
+    then, if asked, retry the failed photo."""
+    d = deps(request)
+    limit = d.settings.max_original_bytes
+    if int(request.headers.get("content-length") or 0) > limit + 65536:
+        raise HTTPException(413, f"the original is larger than {limit} bytes")
+    kind, form = await authorize(request)
+    row = await photo_or_404(request)
+    upload = form.get("original")
+    if not isinstance(upload, UploadFile):
+        raise HTTPException(400, "send the file as the `original` field")
+    data = await upload.read(limit + 1)
+    if not data or len(data) > limit:
+        raise HTTPException(400 if not data else 413, "empty file, or over the size cap")
+    await d.storage.put(row["original_key"], data, "application/octet-stream")
+    retried = bool(form.get("retry")) and (
+        await ops.retry_photo(d.pool, d.streams, row["id"]) is not None
+    )
+    log.info("original restored", via=kind, photo_id=str(row["id"]), key=row["original_key"],
+             bytes=len(data), retried=retried)  # fmt: skip
+    return done(kind, f"/photos/{row['id']}", {"restored": len(data), "retried": retried})
+
+
+def safe_next(raw: object) -> str:
+    """Only a path on this site (no open redirect)."""
+    text = str(raw or "/")
+    return text if text.startswith("/") and not text.startswith("//") else "/"
+
+
+async def login_page(request: Request) -> Response:
+    if not deps(request).auth.enabled:
+        raise HTTPException(404, "read-only: DARKROOM_WEB_TOKEN is not set")
+    return render(request, "login.html", next=safe_next(request.query_params.get("next")))
+
+
+async def login(request: Request) -> Response:
+    auth = deps(request).auth
+    session = auth.read_session(request.cookies.get(COOKIE))
+    form = await request.form(max_files=0, max_fields=5)
+    if not auth.enabled or session is None or not auth.csrf_ok(session, form.get("csrf")):
+        raise HTTPException(403, "missing or wrong CSRF token: reload the login page")
+    if not auth.token_matches(str(form.get("token") or "")):
+        log.warning("wrong token at login", client=request.client.host if request.client else None)
+        return render(request, "login.html", 403, next=safe_next(form.get("next")),
+                      error="wrong token")  # fmt: skip
+    response = RedirectResponse(safe_next(form.get("next")), 303)
+    set_session_cookie(request, response, auth.new_session(operator=True)[1])
+    log.info("operator logged in", client=request.client.host if request.client else None)
+    return response
+
+
+async def logout(request: Request) -> Response:
+    auth = deps(request).auth
+    session: Session | None = auth.read_session(request.cookies.get(COOKIE))
+    form = await request.form(max_files=0, max_fields=5)
+    if session is None or not auth.csrf_ok(session, form.get("csrf")):
+        raise HTTPException(403, "missing or wrong CSRF token")
+    response = RedirectResponse("/", 303)
+    set_session_cookie(request, response, auth.new_session(operator=False)[1])
+    return response

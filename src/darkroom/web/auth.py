@@ -1,0 +1,89 @@
+"""Who may act on the web page: the operator token, the signed session cookie and CSRF.
+
+A script sends `Authorization: Bearer <token>`. A browser posts the token once to the
+login form and gets a session cookie (HttpOnly, SameSite=Strict, Secure over HTTPS)
+holding a random nonce, a flag and the time, signed with HMAC-SHA256 under a key derived
+from the token: rotating the token ends every session, and the cookie never carries the
+token. Every form carries a CSRF token, the HMAC of the session's nonce, checked on POST.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+COOKIE = "darkroom_session"
+SESSION_MAX_AGE_S = 12 * 3600
+# Domain separation: the signing key is not the token, and serves this one purpose.
+KEY_LABEL = b"darkroom web session v1"
+
+Verdict = Literal["ok", "none", "wrong"]
+
+
+@dataclass(frozen=True)
+class Session:
+    nonce: str
+    operator: bool
+    issued_s: int
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+class Auth:
+    """The token (None: the page is read-only) and everything signed with it."""
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+        self._key = hmac.new(token.encode(), KEY_LABEL, hashlib.sha256).digest() if token else b""
+
+    @property
+    def enabled(self) -> bool:
+        return self.token is not None
+
+    def _sign(self, payload: str) -> str:
+        return _b64(hmac.new(self._key, payload.encode(), hashlib.sha256).digest())
+
+    def token_matches(self, candidate: str) -> bool:
+        if self.token is None:
+            return False
+        return hmac.compare_digest(candidate.encode(), self.token.encode())
+
+    def bearer(self, header: str | None) -> Verdict:
+        """`none` without an Authorization header, `ok` for the token, else `wrong`."""
+        if not header:
+            return "none"
+        scheme, _, value = header.partition(" ")
+        ok = scheme.lower() == "bearer" and self.token_matches(value.strip())
+        return "ok" if ok else "wrong"
+
+    def new_session(self, operator: bool) -> tuple[Session, str]:
+        """A fresh nonce each time (a login never reuses the anonymous session's)."""
+        session = Session(secrets.token_urlsafe(16), operator, int(time.time()))
+        payload = f"{session.nonce}.{int(operator)}.{session.issued_s}"
+        return session, f"{payload}.{self._sign(payload)}"
+
+    def read_session(self, cookie: str | None) -> Session | None:
+        """The session if the cookie is ours, intact and younger than SESSION_MAX_AGE_S."""
+        if not cookie or not self.enabled or cookie.count(".") != 3:
+            return None
+        nonce, operator, issued, signature = cookie.split(".")
+        if not hmac.compare_digest(signature, self._sign(f"{nonce}.{operator}.{issued}")):
+            return None
+        if not issued.isdigit() or time.time() - int(issued) > SESSION_MAX_AGE_S:
+            return None
+        return Session(nonce, operator == "1", int(issued))
+
+    def csrf_token(self, session: Session) -> str:
+        return self._sign(f"csrf:{session.nonce}")
+
+    def csrf_ok(self, session: Session, candidate: object) -> bool:
+        return isinstance(candidate, str) and hmac.compare_digest(
+            candidate, self.csrf_token(session)
+        )
