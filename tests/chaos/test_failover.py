@@ -1,7 +1,8 @@
 """Failover test of "A fault of the deployment is an outage, never the photo's fault": Redis
 demoted to a replica, PostgreSQL read-only and S3 denying everything, one after the other
 while 2 workers process 160 valid photos. Every photo ends processed, none is dead-lettered,
-the failovers cost few deliveries, and a worker facing READONLY does not spin."""
+the failovers cost few deliveries, none is taken for a bug (`internal_error`) or kills a
+worker, and a worker facing READONLY does not spin."""
 
 from __future__ import annotations
 
@@ -98,6 +99,9 @@ def test_failovers_cost_the_photos_nothing(rig: Rig) -> None:
     with rig.redis() as client:
         letters = [fields for _, fields in client.xrange(DEAD)]
     records = rig.log_records()
+    # A fault of the deployment is an outage, never a bug: nothing logged as internal_error.
+    bugs = [x for x in records if x.get("error_code") == "internal_error"
+            or x.get("event") == "unexpected error"]  # fmt: skip
     per_window = window_figures(windows, records, rig.extra_deliveries())
     done = [x for x in rows if (x["state"], x["visibility"]) == ("processed", "published")]
     keys = [r["key"] for x in done for r in json.loads(x["renditions"] or "[]")]
@@ -112,6 +116,7 @@ def test_failovers_cost_the_photos_nothing(rig: Rig) -> None:
         "dead_letter_codes": dict(Counter(x.get("error_code") for x in letters)),
         "windows": per_window,
         "worker_log_lines": len(records), "worker_self_exits": len(rig.crashes),
+        "internal_errors_logged": len(bugs),
         "worker_exit_codes_on_sigterm": stop_codes, "settle": settled,
         "backlog (stream length, pending)": rig.backlog(),
         "wall_s": round(time.monotonic() - started, 1), "logs": str(rig.logs),
@@ -132,6 +137,13 @@ def test_failovers_cost_the_photos_nothing(rig: Rig) -> None:
         f"log lines while Redis was a replica above {MAX_LOG_LINES_REDIS_WINDOW}": (
             [redis_lines] if redis_lines > MAX_LOG_LINES_REDIS_WINDOW else []
         ),
+        "worker log lines of an internal_error (a fault taken for a bug)": [
+            f"{x['timestamp']} {x['event']}: {x.get('error') or x.get('exception', '')[-160:]}"
+            for x in bugs
+        ],
+        "workers that exited by themselves": [
+            f"{c['log']} rc {c['rc']}: {c['tail'][-1:]}" for c in rig.crashes
+        ],
         "rig: S3 denied no request": [] if per_window["s3_denied"]["requests_denied"] else [0],
         "rig: Redis was not a replica": [
             r for r in [per_window["redis_replica"]["role_before_lift"]] if r != "slave"
