@@ -235,6 +235,9 @@ class Worker:
             except DarkroomError as exc:
                 self._say_repeat(throttle, "heartbeat failed", exc)
                 continue
+            except Exception:  # a bug must not end the worker: the next beat tries again
+                log.exception("heartbeat failed unexpectedly")
+                continue
             throttle.clear()
             lost = [i for i in ids if i not in kept and i in self.in_flight]
             if lost:
@@ -252,6 +255,9 @@ class Worker:
                     await self._sweep()
                     backoff.reset()
                 except DarkroomError:
+                    delay_s = backoff.next_s()
+                except Exception:  # a bug must not end the worker: the sweep backs off
+                    log.exception("sweep failed unexpectedly")
                     delay_s = backoff.next_s()
 
     async def _sweep(self) -> int:
