@@ -112,6 +112,9 @@ class Worker:
             except DarkroomError as exc:
                 self._say_repeat(throttle, "intake call failed", exc)
                 await self._recover(exc, backoff)
+            except Exception:  # a bug must not end the worker: log it, back off, go on
+                log.exception("intake failed unexpectedly")
+                await self.clock.sleep(backoff.next_s(), self.stopping)
 
     async def _recover(self, exc: DarkroomError, backoff: Backoff) -> None:
         """Wait out an outage, or back off when the dependency answers its probe (the call
