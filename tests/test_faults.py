@@ -95,6 +95,7 @@ def test_every_redis_fault_is_a_queue_outage_with_its_reason(exc: Exception, rea
          "shutdown"),
         (asyncpg.TooManyConnectionsError("too many clients already"), "too_many_connections"),
         (asyncpg.ConnectionDoesNotExistError("connection was closed"), "connection"),
+        (asyncpg.InternalClientError("cannot switch to state 12"), "connection"),
         (OSError("Connection refused"), "connection"),
     ],
 )  # fmt: skip

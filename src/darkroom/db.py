@@ -44,6 +44,9 @@ ERRORS: tuple[Rule, ...] = (
     Rule(asyncpg.UndefinedTableError, D, "schema_missing"),  # 42P01: not migrated
     Rule(asyncpg.TransactionRollbackError, D, "conflict"),  # deadlock, serialization
     Rule((asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError), D, "connection"),
+    # a pooled connection that got the server's FATAL (pg_terminate_backend, failover) but
+    # not yet its EOF: "cannot switch to state 12; another operation is in progress"
+    Rule(asyncpg.InternalClientError, D, "connection"),
     Rule(TimeoutError, D, "timeout"),
     Rule(asyncpg.PostgresError, InternalError, "sql"),
 )

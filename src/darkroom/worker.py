@@ -112,6 +112,9 @@ class Worker:
             except DarkroomError as exc:
                 self._say_repeat(throttle, "intake call failed", exc)
                 await self._recover(exc, backoff)
+            except Exception:  # a bug must not end the worker: log it, back off, go on
+                log.exception("intake failed unexpectedly")
+                await self.clock.sleep(backoff.next_s(), self.stopping)
 
     async def _recover(self, exc: DarkroomError, backoff: Backoff) -> None:
         """Wait out an outage, or back off when the dependency answers its probe (the call
@@ -235,6 +238,9 @@ class Worker:
             except DarkroomError as exc:
                 self._say_repeat(throttle, "heartbeat failed", exc)
                 continue
+            except Exception:  # a bug must not end the worker: the next beat tries again
+                log.exception("heartbeat failed unexpectedly")
+                continue
             throttle.clear()
             lost = [i for i in ids if i not in kept and i in self.in_flight]
             if lost:
@@ -252,6 +258,9 @@ class Worker:
                     await self._sweep()
                     backoff.reset()
                 except DarkroomError:
+                    delay_s = backoff.next_s()
+                except Exception:  # a bug must not end the worker: the sweep backs off
+                    log.exception("sweep failed unexpectedly")
                     delay_s = backoff.next_s()
 
     async def _sweep(self) -> int:
