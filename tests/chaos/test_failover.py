@@ -26,7 +26,9 @@ from tests.conftest import PHOTOS
 
 WORKERS, PHOTOS_N, UPFRONT = 2, 160, 16
 ORDER = ("redis_replica", "pg_read_only", "s3_denied")
-GAP_S = 5.0  # healthy seconds before each window, ≥ failover.TAIL_S
+# Healthy seconds before each window: more than the gate's longest wait between probes
+# (10 s), so each window meets workers that saw the previous one end.
+GAP_S = 12.0
 # Issue 6's bounds: deliveries ≤ photos + 10 %; log lines while Redis is a replica (2 workers,
 # 10 s), where the unfixed worker wrote ~10^5 lines in a hot loop.
 MAX_DELIVERIES = PHOTOS_N + PHOTOS_N // 10
@@ -71,11 +73,12 @@ def window_figures(
     windows: list[dict[str, Any]], records: list[dict[str, Any]], settled_extra: int
 ) -> dict[str, Any]:
     """Each window's figures; its deliveries cost is the extra deliveries (beyond a photo's
-    first) counted from its opening to the next window's opening, or to the end."""
+    first) counted from its opening to the next window's opening, or to the end; its
+    retries and dead letters are counted until GAP_S after it."""
     ends = [w["extra_deliveries_before"] for w in windows[1:]] + [settled_extra]
     out = {}
     for w, end in zip(windows, ends, strict=True):
-        until = w["lifted"] + failover.TAIL_S
+        until = w["lifted"] + GAP_S
         info = {k: v for k, v in w.items() if k not in ("kind", "at", "lifted")}
         info["extra_deliveries"] = end - info.pop("extra_deliveries_before")
         out[w["kind"]] = info | failover.figures(w, records, until)
