@@ -89,6 +89,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_port: int = 0
     log_format: Literal["json", "console"] = "json"
     log_level: str = "info"
+    renders_per_process: int = 500
+    render_max_rss_mb: int = 512
 
 
 T = TypeVar("T")
@@ -169,6 +171,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "metrics_port": _port,
     "log_format": _choice("json", "console"),
     "log_level": _choice("debug", "info", "warning", "error"),
+    "renders_per_process": _positive(int),
+    "render_max_rss_mb": _positive(int),
 }
 
 

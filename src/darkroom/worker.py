@@ -21,6 +21,7 @@ from darkroom.errors import DarkroomError
 from darkroom.health import DEPENDENCIES, Gate
 from darkroom.jobs import Jobs
 from darkroom.messages import Entry
+from darkroom.renderer import RenderPool
 from darkroom.settings import Settings
 from darkroom.storage import Storage
 from darkroom.streams import Streams
@@ -50,10 +51,11 @@ class Worker:
             },
             self.stopping,
         )
-        limiter = anyio.CapacityLimiter(self.settings.concurrency)
+        self.renderer = RenderPool.from_settings(self.settings)  # owns the render slots
         self.jobs = Jobs(
-            self.settings, self.pool, self.streams, self.storage, self.gate, limiter, self.stopping
-        )
+            self.settings, self.pool, self.streams, self.storage, self.gate, self.renderer,
+            self.stopping,
+        )  # fmt: skip
 
     def stop(self) -> None:
         """First signal: stop reading; in-flight photos finish within the grace period."""
@@ -64,7 +66,7 @@ class Worker:
         return not self.stopping.is_set() and self.gate.is_open()
 
     async def run(self, *, drain: bool = False) -> None:
-        async with anyio.create_task_group() as services:
+        async with self.renderer, anyio.create_task_group() as services:
             services.start_soon(self._heartbeat_loop)
             services.start_soon(self._sweep_loop)
             async with anyio.create_task_group() as jobs:
