@@ -102,18 +102,18 @@ def _serve(conn: Connection, memory_mb: int, vips_threads: int) -> None:
             reply = _serve_one(conn, memory_mb)
             if reply is None:
                 return
-            conn.send(reply)
-            if reply[0] == "error" and isinstance(reply[1], RenderOutOfMemoryError):
+            conn.send((*reply, _rss_mb()))  # measured once the photo's locals are gone
+            if isinstance(reply[1], RenderOutOfMemoryError):
                 return  # the pipe may be out of step after a failed allocation: retire
 
 
-def _serve_one(conn: Connection, memory_mb: int) -> tuple[str, Any, int] | None:
+def _serve_one(conn: Connection, memory_mb: int) -> tuple[str, Any] | None:
     _reset_peak()
     peak_before = _status_mb("VmPeak")
     try:
         data, specs, max_pixels = conn.recv()
         result = render(data, specs, max_pixels)
-        return "ok", msgspec.structs.replace(result, peak_rss_mb=_status_mb("VmHWM")), _rss_mb()
+        return "ok", msgspec.structs.replace(result, peak_rss_mb=_status_mb("VmHWM"))
     except EOFError:
         return None
     except (MemoryError, CorruptImageError) as exc:
@@ -123,10 +123,10 @@ def _serve_one(conn: Connection, memory_mb: int) -> tuple[str, Any, int] | None:
         if isinstance(exc, MemoryError) or (
             peak > peak_before and peak >= memory_mb - _MEMORY_MARGIN_MB
         ):
-            return "error", RenderOutOfMemoryError(f"render needed more than {memory_mb} MB"), 0
-        return "error", exc, _rss_mb()
+            return "error", RenderOutOfMemoryError(f"render needed more than {memory_mb} MB")
+        return "error", exc
     except DarkroomError as exc:
-        return "error", exc, _rss_mb()
+        return "error", exc
 
 
 def _reset_peak() -> None:

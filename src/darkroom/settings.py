@@ -90,7 +90,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     log_format: Literal["json", "console"] = "json"
     log_level: str = "info"
     renders_per_process: int = 500
-    render_max_rss_mb: int = 512
+    render_max_rss_mb: int = 256
 
 
 T = TypeVar("T")
