@@ -7,7 +7,7 @@ flattened on white) at 320, 1024 and 2048 px; each option set encodes them `--re
 (the fastest CPU time counts, libvips on one thread), and the output is scored against the
 pixels it was made from with SSIMULACRA2 (0-100, higher is better; ~90 is visually lossless
 at 1:1, ~70 high quality) at 320 and 1024 px. The rule for a default: a change is taken only
-at equal quality (mean score within SCORE_TOLERANCE of today's and no photo more than
+at equal quality (mean score within SCORE_TOLERANCE of today's and no rendition more than
 PHOTO_TOLERANCE worse) and at most +5 % bytes; among those, the least CPU wins.
 Needs the `bench` extra (ssimulacra2, a NumPy port of the libjxl metric).
 """
@@ -30,7 +30,7 @@ from ssimulacra2 import compute_ssimulacra2
 SIZES = (2048, 1024, 320)
 SCORED = (1024, 320)
 SCORE_TOLERANCE = 0.5  # SSIMULACRA2 points, mean over the corpus
-PHOTO_TOLERANCE = 2.0  # no single photo may lose more than this
+PHOTO_TOLERANCE = 2.0  # no single rendition (photo, size) may lose more than this
 BYTES_TOLERANCE = 1.05
 MIN_SAVING = 0.10  # a change must save at least this share of CPU time
 SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".avif")
@@ -47,7 +47,7 @@ class Option:
 def options() -> list[Option]:
     webp = [
         Option("webp", f"effort {e}{', smart_subsample' if s else ''}",
-               {"Q": 80, "effort": e, "smart_subsample": s}, current=(e, s) == (4, False))
+               {"Q": 80, "effort": e, "smart_subsample": s}, current=(e, s) == (2, False))
         for e in range(7) for s in (False, True)
     ]  # fmt: skip
     base = {"Q": 82, "interlace": True}
@@ -149,13 +149,13 @@ def _mean(values: list[float]) -> float:
 
 def table(rows: dict[Option, Row], verdict: dict[Option, str]) -> str:
     lines = ["| format | options | CPU ms (sum) | bytes (sum) | bytes vs today | "
-             "SSIMULACRA2 mean | vs today | worst photo | verdict |",
+             "SSIMULACRA2 mean | vs today | worst rendition vs today | verdict |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for fmt in ("webp", "jpeg"):
         [now] = [o for o in rows if o.fmt == fmt and o.current]
         for option in (o for o in rows if o.fmt == fmt):
             r = rows[option]
-            label = option.label + (" (today)" if option.current else "")
+            label = option.label + (" (darkroom today)" if option.current else "")
             lines.append(
                 f"| {fmt} | {label} | {r['ms']:.0f} | {r['bytes']:,} | "
                 f"{r['bytes'] / rows[now]['bytes'] - 1:+.1%} | {_mean(r['scores']):.2f} | "
@@ -183,7 +183,7 @@ def main() -> None:
         f"and 320 px, JPEG at 1024 px; CPU time is the fastest of {args.repeat} encodes on "
         "one libvips thread; SSIMULACRA2 (the `ssimulacra2` package) of the 1024 and 320 px "
         "outputs against the pixels they were encoded from",
-        f"- rule: equal quality (mean within {SCORE_TOLERANCE} points, no photo more than "
+        f"- rule: equal quality (mean within {SCORE_TOLERANCE} points, no rendition more than "
         f"{PHOTO_TOLERANCE} points worse) and at most +5 % bytes; the least CPU among those "
         "is chosen if it saves at least 10 % CPU, else today's stays", "",
         table(rows, verdict), "",
