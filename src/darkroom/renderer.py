@@ -252,7 +252,7 @@ class RenderPool:
             child = self._idle.pop() if self._idle else await self._spawn()
             reply = await self._exchange(child, (data, tuple(specs), self.max_pixels))
             if reply[0] == "died":
-                await self._reap(child, "crashed")
+                await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
                 raise _death(child.process.exitcode, self.memory_mb)
             kind, value, rss_mb = reply
             await self._keep_or_retire(child, value, rss_mb)
@@ -273,7 +273,8 @@ class RenderPool:
             raise RenderTimeoutError(f"render took longer than {self.timeout_s:g} s") from None
         finally:
             if not done:  # timed out or cancelled: the process may be mid-photo
-                child.process.kill()
+                if child.process.exitcode is None:
+                    child.process.kill()
                 await self._reap(child, "killed")
 
     async def _keep_or_retire(self, child: _Child, value: Any, rss_mb: int) -> None:
