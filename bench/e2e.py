@@ -24,6 +24,7 @@ import json
 import os
 import pstats
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -343,14 +344,15 @@ def memory(rig: Rig, tmp: Path, count: int, graph: Path) -> str:
         f"twice) | {peak_rss:.0f} |\n"
         f"| peak PSS, worker + render processes + forkserver (shared pages split) | "
         f"{peak_pss:.0f} |\n"
-        f"| steady PSS after warm-up (photos 10–20 %) | {_avg(warm):.0f} |\n"
-        f"| steady PSS at the end (photos 90–100 %) | {_avg(late):.0f} |\n\n"
+        f"| steady PSS after warm-up (median, photos 10–20 %) | {_avg(warm):.0f} |\n"
+        f"| steady PSS at the end (median, photos 90–100 %) | {_avg(late):.0f} |\n\n"
         f"Growth from warm-up to the end: **{growth:+.1%}**. Graph: [{graph.name}]({graph.name}).\n"
     )
 
 
 def _avg(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
+    """The median: a large photo's brief spike is peak memory, not steady memory."""
+    return statistics.median(values) if values else float("nan")
 
 
 def _plot(points: list[tuple[int, int, int, int, int]], graph: Path) -> None:
