@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +153,36 @@ def test_libvips_threads_share_the_cores_between_slots() -> None:
     assert vips_threads_for(1) == cores
     assert vips_threads_for(cores) == 1
     assert vips_threads_for(cores * 4) == 1
+
+
+def test_render_processes_exit_when_their_worker_is_killed() -> None:
+    """A SIGKILLed worker leaves no render process behind: each sees EOF on its pipe."""
+    script = (
+        "import anyio, sys\n"
+        "from tests.test_renderer import pool\n"
+        "async def main():\n"
+        "    async with pool(slots=2) as renderer:\n"
+        "        print(*renderer.pids(), flush=True)\n"
+        "        await anyio.sleep(60)\n"
+        "anyio.run(main)\n"
+    )
+    root = Path(__file__).parents[1]
+    worker = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    assert worker.stdout is not None
+    pids = [int(pid) for pid in worker.stdout.readline().split()]
+    assert len(pids) == 2 and not any(stopped(pid) for pid in pids)
+    worker.kill()
+    worker.communicate()
+    deadline = time.monotonic() + 10
+    while not all(stopped(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(stopped(pid) for pid in pids)
+
+
+def stopped(pid: int) -> bool:
+    """Exited: gone, or a zombie waiting for a reaper that is not ours."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
