@@ -1,4 +1,4 @@
-"""Render throughput: pipeline.render in threads vs render_isolated in processes vs Pillow.
+"""Render throughput: pipeline.render in threads vs the warm RenderPool vs Pillow.
 
     .venv/bin/python bench/render.py [--rounds N] [--out docs/benchmarks.md]
 
@@ -9,11 +9,7 @@ Each mode runs in a fresh interpreter, so its peak RSS is its own.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import io
 import json
-import os
-import platform
 import resource
 import subprocess
 import sys
@@ -22,40 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-CORPORA = ("../shared/corpus", "tests/photos")  # relative to the repository
+import msgspec
+from pillow import pillow_render
+from report import ROOT, corpus, machine, write_section
+
 MODES = [("threads", 1), ("threads", 2), ("processes", 1), ("processes", 2),
          ("pillow", 1), ("pillow", 2)]  # fmt: skip
-
-
-def corpus() -> tuple[str, list[Path]]:
-    for rel in CORPORA:
-        folder = ROOT / rel
-        if folder.is_dir():
-            photos = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpg", ".jpeg"))
-            if photos:
-                return rel, photos
-    raise SystemExit("no JPEGs found")
-
-
-def pillow_render(data: bytes, specs: list) -> list[bytes]:
-    """The same rendition set with Pillow: draft+reduce on load, exif_transpose, cascade."""
-    from PIL import Image, ImageOps
-
-    image = Image.open(io.BytesIO(data))
-    outs, largest = [], max(s.size for s in specs)
-    image.thumbnail((largest, largest), Image.Resampling.LANCZOS, reducing_gap=2.0)
-    image = ImageOps.exif_transpose(image).convert("RGB")  # no colour management
-    for spec in sorted(specs, key=lambda s: -s.size):
-        if max(image.size) > spec.size:
-            image.thumbnail((spec.size, spec.size), Image.Resampling.LANCZOS, reducing_gap=2.0)
-        buf = io.BytesIO()
-        if spec.format == "webp":
-            image.save(buf, "WEBP", quality=spec.quality)
-        else:
-            image.save(buf, "JPEG", quality=spec.quality, progressive=True, optimize=True)
-        outs.append(buf.getvalue())
-    return outs
 
 
 def run_mode(mode: str, concurrency: int, rounds: int) -> dict[str, float]:
@@ -74,37 +42,33 @@ def run_mode(mode: str, concurrency: int, rounds: int) -> dict[str, float]:
 
     def one(data: bytes) -> object:
         if mode == "pillow":
-            return pillow_render(data, specs)
+            return pillow_render(data)
         return pipeline.render(data, specs, settings.max_pixels)
 
     if mode == "processes":
-        from darkroom.renderer import render_isolated
+        from darkroom.renderer import RenderPool
 
         child_peak_mb = 0
 
         async def isolated() -> float:
-            limiter = anyio.CapacityLimiter(concurrency)
+            pool = RenderPool.from_settings(
+                msgspec.structs.replace(settings, concurrency=concurrency)
+            )
 
             async def job(data: bytes) -> None:
                 nonlocal child_peak_mb
-                result = await render_isolated(
-                    data,
-                    specs,
-                    max_pixels=settings.max_pixels,
-                    timeout_s=600,
-                    memory_mb=settings.render_memory_mb,
-                    limiter=limiter,
-                )
+                result = await pool.render(data, specs)
                 child_peak_mb = max(child_peak_mb, result.peak_rss_mb)
 
-            async with anyio.create_task_group() as tg:  # warm-up: start every worker
-                for _ in range(concurrency):
-                    tg.start_soon(job, photos[0])
-            start = time.perf_counter()
-            async with anyio.create_task_group() as tg:
-                for data in jobs:
-                    tg.start_soon(job, data)
-            return time.perf_counter() - start
+            async with pool:
+                async with anyio.create_task_group() as tg:  # warm-up: every process once
+                    for _ in range(concurrency):
+                        tg.start_soon(job, photos[0])
+                start = time.perf_counter()
+                async with anyio.create_task_group() as tg:
+                    for data in jobs:
+                        tg.start_soon(job, data)
+                return time.perf_counter() - start
 
         seconds = anyio.run(isolated)
     else:
@@ -137,8 +101,8 @@ def measure(rounds: int) -> list[dict[str, Any]]:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| mode | concurrency | photos/s | MP/s | peak RSS (MB) | largest child RSS (MB) |",
              "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    names = {"threads": "pipeline.render, threads", "processes": "render_isolated, processes",
-             "pillow": "Pillow, threads"}  # fmt: skip
+    names = {"threads": "pipeline.render, threads", "processes": "RenderPool, warm processes",
+             "pillow": "Pillow (colour-managed), threads"}  # fmt: skip
     for r in rows:
         child = f"{r['child_rss_mb']:.0f}" if r["child_rss_mb"] else "–"
         lines.append(f"| {names[r['mode']]} | {r['concurrency']} | {r['photos_s']:.2f} "
@@ -173,30 +137,21 @@ def conclusion(rows: list[dict[str, Any]]) -> str:
     return (
         f"Render-only, JPEG inputs: {'; '.join(parts)}: {cost}. Peak memory at concurrency "
         f"2 is {t2['rss_mb']:.0f} MB for threads and at most {rss:.0f} MB for processes "
-        f"(parent + 2 x largest worker). At concurrency 2 {pillow}; Pillow here does no colour "
-        "management. libvips runs its own thread pool inside each render, so concurrency 1 "
-        "already uses more than one core."
+        f"(parent + 2 x largest worker). At concurrency 2 {pillow}, both converting embedded "
+        "profiles to sRGB. In threads mode libvips runs its own thread pool inside each "
+        "render; a render process gets cores / concurrency libvips threads."
     )
-
-
-def cpu_name() -> str:
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else platform.machine()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="passes over the corpus per mode")
-    parser.add_argument("--out", type=Path, help="write a markdown report here (overwrites)")
+    parser.add_argument("--out", type=Path, help="write the render section of this report")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_mode(args.child[0], int(args.child[1]), args.rounds)))
         return
-    import pyvips
-
     label, photos = corpus()
     print(f"{len(photos)} JPEGs from {label}, {args.rounds} rounds per mode", file=sys.stderr)
     rows = measure(args.rounds)
@@ -204,20 +159,16 @@ def main() -> None:
     print(body, "", conclusion(rows), sep="\n")
     print("(libvips CLI: not in the pyvips binary wheel, not measured)", file=sys.stderr)
     if args.out:
-        vips = ".".join(str(pyvips.version(i)) for i in range(3))
         report = [
-            "# Render benchmarks", "",
-            f"- date: {dt.date.today().isoformat()}",
-            f"- machine: {os.cpu_count()} CPUs ({cpu_name()}), {platform.system()}",
-            f"- Python {platform.python_version()}, libvips {vips} (pyvips binary wheel)",
-            f"- input: {len(photos)} JPEGs from `{label}`, {args.rounds} rounds per mode",
+            "## Render only (bench/render.py)", "",
+            f"- {machine()}",
+            f"- input: {len(photos)} JPEGs from `{label}`, {args.rounds} rounds per mode, each "
+            "mode in a fresh interpreter",
             "- the libvips command line (`vips`, `vipsthumbnail`) is not installed with the "
             "pyvips binary wheel, so it is not measured", "",
             body, "", conclusion(rows), "",
-            "Made by `bench/render.py`; see bench/README.md.", "",
         ]  # fmt: skip
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(report))
+        write_section(args.out, "render", "\n".join(report))
         print(f"wrote {args.out}", file=sys.stderr)
 
 

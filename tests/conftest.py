@@ -201,6 +201,9 @@ def _env(tmp_path: Path, database_url: str, storage: dict[str, str]) -> Iterator
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+        for pipe in (proc.stdout, proc.stderr):  # exited unread: close its pipes too
+            if pipe is not None:
+                pipe.close()
     client.delete(env.stream, env.dead)
     client.close()
 

@@ -1,22 +1,19 @@
-"""Pure tests of `darkroom.pipeline.render` (and `render_isolated`): bytes in, files out."""
+"""Pure tests of `darkroom.pipeline.render`: bytes in, files out."""
 
 from __future__ import annotations
 
 import random
 from functools import cache
 
-import anyio
 import pytest
 import pyvips
 
 from darkroom.errors import (
     CorruptImageError,
     ImageTooLargeError,
-    RenderTimeoutError,
     UnsupportedFormatError,
 )
 from darkroom.pipeline import Rendered, RenderResult, render
-from darkroom.renderer import render_isolated
 from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 from tests.conftest import PHOTOS
 from tests.imagecheck import jpeg_markers, metadata_leaks, webp_chunks
@@ -260,34 +257,3 @@ def test_custom_renditions_are_honoured_without_upscaling() -> None:
         assert out.ext == spec.ext
         assert_rendition(out, spec.size, (1800, 1200))
     assert (pick(result, "big", "avif").width, pick(result, "tiny", "png").width) == (1800, 64)
-
-
-async def test_render_isolated_matches_in_process_render() -> None:
-    """Rendering in a child process gives the same facts and renditions as in-process."""
-    name = "iphone_hdr_NO.jpg"
-    result = await render_isolated(
-        photo(name), DEFAULTS, max_pixels=MAX_PIXELS, timeout_s=120,
-        memory_mb=2048, limiter=anyio.CapacityLimiter(1),
-    )  # fmt: skip
-    assert isinstance(result, RenderResult)
-    assert result.facts == rendered(name).facts
-    assert [(r.name, r.format, r.width, r.height) for r in result.renditions] == [
-        (r.name, r.format, r.width, r.height) for r in rendered(name).renditions
-    ]
-
-
-async def test_render_isolated_times_out_with_a_stable_code() -> None:
-    """A render slower than timeout_s raises RenderTimeoutError (code timeout); later ones work."""
-    limiter = anyio.CapacityLimiter(1)
-    with pytest.raises(RenderTimeoutError) as caught:
-        await render_isolated(
-            photo("iphone_13_pro_max.HEIC"), DEFAULTS, max_pixels=MAX_PIXELS,
-            timeout_s=0.001, memory_mb=2048, limiter=limiter,
-        )  # fmt: skip
-    assert caught.value.code == "timeout"
-    assert caught.value.retryable  # a slow render is worth another attempt
-    again = await render_isolated(
-        photo("Landscape_6.jpg"), DEFAULTS, max_pixels=MAX_PIXELS, timeout_s=120,
-        memory_mb=2048, limiter=limiter,
-    )  # fmt: skip
-    assert (again.facts.width, again.facts.height) == (1800, 1200)

@@ -74,6 +74,9 @@ def env_for(servers: Servers, tmp_path: Path, database_url: str) -> Iterator[Env
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+        for pipe in (proc.stdout, proc.stderr):  # exited unread: close its pipes too
+            if pipe is not None:
+                pipe.close()
 
 
 def stop(env: Env) -> str:

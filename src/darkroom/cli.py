@@ -208,12 +208,20 @@ async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
                 server.close()
 
 
+LEAVE_GROUP_TIMEOUT_S = 2.0
+
+
 async def _leave_group(streams: Streams) -> None:
     """A clean exit removes this consumer from the group, unless it still holds entries."""
+    removed = None
     try:
-        removed = await streams.remove_self_if_idle()
+        with anyio.move_on_after(LEAVE_GROUP_TIMEOUT_S):  # Redis may be down: never hang
+            removed = await streams.remove_self_if_idle()
     except DarkroomError as exc:
         log.warning("could not leave the consumer group", error=str(exc))
+        return
+    if removed is None:
+        log.warning("could not leave the consumer group in time; `consumers prune` will")
         return
     log.info("left the consumer group" if removed else "consumer kept: entries still pending")
 

@@ -30,7 +30,7 @@ from darkroom.health import DEPENDENCIES, Gate
 from darkroom.inflight import InFlight
 from darkroom.messages import DeadLetter, Entry, parse_task
 from darkroom.pipeline import RenderResult
-from darkroom.renderer import render_isolated
+from darkroom.renderer import RenderPool
 from darkroom.settings import Settings
 from darkroom.storage import CONTENT_TYPES, Storage
 from darkroom.streams import Streams
@@ -65,7 +65,7 @@ class Jobs:
     streams: Streams
     storage: Storage
     gate: Gate
-    limiter: anyio.CapacityLimiter
+    renderer: RenderPool
     stopping: anyio.Event
     # The worker's in-flight entries (their owner); an entry is settled before its
     # backoff is set, so a late heartbeat cannot cancel the delay.
@@ -127,14 +127,7 @@ class Jobs:
         with metrics.STAGE_SECONDS.labels("download").time():
             original = await self.storage.get(claim.original_key, self.settings.max_original_bytes)
         with metrics.STAGE_SECONDS.labels("render").time():
-            result = await render_isolated(
-                original,
-                self.settings.renditions,
-                max_pixels=self.settings.max_pixels,
-                timeout_s=self.settings.job_timeout_s,
-                memory_mb=self.settings.render_memory_mb,
-                limiter=self.limiter,
-            )
+            result = await self.renderer.render(original, self.settings.renditions)
         metrics.RENDER_PEAK_RSS_MB.observe(result.peak_rss_mb)
         with metrics.STAGE_SECONDS.labels("upload").time():
             renditions = await self._upload(task.photo_id, result)

@@ -301,7 +301,9 @@ def _cascade(base: pyvips.Image, specs: list[RenditionSpec]) -> Iterable[Rendere
 
 def _save(image: pyvips.Image, spec: RenditionSpec) -> bytes:
     if spec.format == "webp":
-        return bytes(image.webpsave_buffer(Q=spec.quality, keep=_KEEP_NONE))
+        # effort 2 (libvips' default is 4): half the CPU at equal SSIMULACRA2, +3 % bytes
+        # (docs/benchmarks.md, bench/encoders.py)
+        return bytes(image.webpsave_buffer(Q=spec.quality, effort=2, keep=_KEEP_NONE))
     if spec.format == "avif":
         return bytes(image.heifsave_buffer(Q=spec.quality, compression="av1", keep=_KEEP_NONE))
     if spec.format == "png":

@@ -1,26 +1,35 @@
-"""Runs the libvips pipeline off the event loop, one fresh child process per photo.
+"""The render slots: a pool of warm, isolated render processes that run the libvips pipeline.
 
-Children fork from a forkserver that has already imported libvips, so starting one costs
-milliseconds. A fresh process per photo means a hard wall-clock limit (the child is
-killed: `timeout`), an address-space limit (`out_of_memory`), a native crash that costs
-only that photo (`render_crashed`), and memory that cannot creep over thousands of photos.
+`RenderPool` owns every render slot (`DARKROOM_CONCURRENCY`): one long-lived process per
+slot, forked from a forkserver that has already imported libvips, rendering one photo at a
+time. Like a prefork pool (Celery's max_tasks_per_child / max_memory_per_child, gunicorn's
+max_requests), a process is retired after `renders_per_process` photos or when its resident
+memory after a photo passes `max_rss_mb`; it is killed at once on a timeout, a cancelled
+render, a crash or an out-of-memory failure. So `timeout`, `out_of_memory` and
+`render_crashed` still cost only their photo, each process keeps its address-space limit,
+and memory cannot creep: every process is young and bounded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
+import os
 import resource
 import signal
 import threading
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing import spawn
 from multiprocessing.connection import Connection
+from types import TracebackType
 from typing import Any
 
 import anyio
 import msgspec
-from anyio import CapacityLimiter
+import pyvips
 
 from darkroom.errors import (
     CorruptImageError,
@@ -30,10 +39,12 @@ from darkroom.errors import (
     RenderTimeoutError,
 )
 from darkroom.pipeline import RenderResult, render
-from darkroom.settings import RenditionSpec
+from darkroom.settings import RenditionSpec, Settings
 
 _M_ARENA_MAX = -8  # glibc mallopt parameter
 _MEMORY_MARGIN_MB = 64
+_CLOSE_WAIT_S = 5.0
+_LIBC = ctypes.CDLL(None)
 _context: Any = None
 _START_LOCK = threading.Lock()
 
@@ -50,8 +61,8 @@ def _start(process: Any) -> None:
     """Start a child without re-running the parent's main module in it.
 
     multiprocessing re-imports `__main__` in every child (CPython 3.11's forkserver cannot
-    preload it), which costs ~150 ms of imports per photo; the target lives in this module,
-    so the child needs none of it.
+    preload it), which costs ~150 ms of imports per process; the target lives in this
+    module, so the child needs none of it.
     """
     with _START_LOCK:
         original = spawn.get_preparation_data
@@ -69,46 +80,243 @@ def _start(process: Any) -> None:
             spawn.get_preparation_data = original
 
 
-def _child_main(
-    out: Connection, data: bytes, specs: Sequence[RenditionSpec], max_pixels: int, memory_mb: int
-) -> None:
+def vips_threads_for(slots: int) -> int:
+    """libvips threads per render process, so processes × threads fits the usable cores."""
+    return max(1, len(os.sched_getaffinity(0)) // slots)
+
+
+# -- the render process -----------------------------------------------------------------------
+
+
+def _serve(conn: Connection, memory_mb: int, vips_threads: int) -> None:
+    """Render requests one at a time until the pool closes the pipe (EOF) or memory ran out."""
     # Ctrl-C reaches the whole process group; only the worker decides when a render stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Two malloc arenas: far less reserved address space, so the limit measures real use.
-    ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 2)
+    _LIBC.mallopt(_M_ARENA_MAX, 2)
+    pyvips.concurrency_set(vips_threads)
     limit = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    with conn:
+        while True:
+            reply = _serve_one(conn, memory_mb)
+            if reply is None:
+                return
+            conn.send((*reply, _rss_mb()))  # measured once the photo's locals are gone
+            if isinstance(reply[1], RenderOutOfMemoryError):
+                return  # the pipe may be out of step after a failed allocation: retire
+
+
+def _serve_one(conn: Connection, memory_mb: int) -> tuple[str, Any] | None:
+    _reset_peak()
+    peak_before = _status_mb("VmPeak")
     try:
+        data, specs, max_pixels = conn.recv()
         result = render(data, specs, max_pixels)
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-        out.send(("ok", msgspec.structs.replace(result, peak_rss_mb=peak_mb)))
+        return "ok", msgspec.structs.replace(result, peak_rss_mb=_status_mb("VmHWM"))
+    except EOFError:
+        return None
     except (MemoryError, CorruptImageError) as exc:
-        # libvips reports a failed allocation as a generic error: near the limit, it is memory.
-        if isinstance(exc, MemoryError) or _peak_mb() >= memory_mb - _MEMORY_MARGIN_MB:
-            out.send(("error", RenderOutOfMemoryError(f"render needed more than {memory_mb} MB")))
-        else:
-            out.send(("error", exc))
+        # libvips reports a failed allocation as a generic error: if this photo pushed the
+        # address space up to the limit, it is memory.
+        peak = _status_mb("VmPeak")
+        if isinstance(exc, MemoryError) or (
+            peak > peak_before and peak >= memory_mb - _MEMORY_MARGIN_MB
+        ):
+            return "error", RenderOutOfMemoryError(f"render needed more than {memory_mb} MB")
+        return "error", exc
     except DarkroomError as exc:
-        out.send(("error", exc))
-    finally:
-        out.close()
+        return "error", exc
 
 
-def _peak_mb() -> int:
-    """Peak address space of this process (VmPeak), in MB."""
+def _reset_peak() -> None:
+    """Reset VmHWM so each photo reports its own peak resident memory (Linux ≥ 4.0)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+def _status_mb(field: str) -> int:
+    """One memory figure of this process from /proc/self/status (VmPeak, VmHWM...), in MB."""
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmPeak:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) // 1024
-    return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
-def _receive(conn: Connection, process: Any) -> tuple[str, Any]:
-    try:
-        return conn.recv()  # type: ignore[no-any-return]
-    except EOFError:
-        process.join()
-        return "died", process.exitcode
+def _rss_mb() -> int:
+    """Resident memory once this photo's pixels are freed and returned to the system."""
+    _LIBC.malloc_trim(0)
+    return _status_mb("VmRSS")
+
+
+# -- the pool ---------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Child:
+    """One render process and the parent's end of its pipe."""
+
+    process: Any
+    conn: Connection
+    renders: int = 0
+
+    def exchange(self, request: tuple[bytes, tuple[RenditionSpec, ...], int]) -> tuple[Any, ...]:
+        """Runs in a thread: send one photo, wait for its reply; ("died",) if the pipe broke.
+
+        Only this call closes the pipe on failure, so an abandoned call (timeout, cancel)
+        never reads from a descriptor that was closed and reused under it.
+        """
+        try:
+            self.conn.send(request)
+            return self.conn.recv()  # type: ignore[no-any-return]
+        except (EOFError, OSError):
+            self.conn.close()
+            return ("died",)
+
+
+class RenderPool:
+    """`async with RenderPool(...) as pool: await pool.render(data, specs)`.
+
+    At most `slots` renders run at once; a caller waits for a free slot. The pool starts its
+    processes on entry and lazily after a retirement, and closes them all on exit.
+    """
+
+    def __init__(
+        self,
+        slots: int,
+        *,
+        max_pixels: int,
+        timeout_s: float,
+        memory_mb: int,
+        renders_per_process: int,
+        max_rss_mb: int,
+        vips_threads: int | None = None,
+    ) -> None:
+        self.slots = slots
+        self.max_pixels = max_pixels
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+        self.renders_per_process = renders_per_process
+        self.max_rss_mb = max_rss_mb
+        self.vips_threads = vips_threads or vips_threads_for(slots)
+        self.started = 0  # processes started, for tests and the benchmark
+        self.retired: Counter[str] = Counter()  # why processes ended
+        self._free = anyio.Semaphore(slots)
+        self._idle: list[_Child] = []
+        self._closed = False
+        self._threads = anyio.CapacityLimiter(slots)  # pipe waits, off anyio's shared pool
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RenderPool:
+        return cls(
+            settings.concurrency,
+            max_pixels=settings.max_pixels,
+            timeout_s=settings.job_timeout_s,
+            memory_mb=settings.render_memory_mb,
+            renders_per_process=settings.renders_per_process,
+            max_rss_mb=settings.render_max_rss_mb,
+        )
+
+    async def __aenter__(self) -> RenderPool:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Warm every slot now, so the first photos pay no process start."""
+        while len(self._idle) < self.slots:
+            self._idle.append(await self._spawn())
+
+    async def close(self) -> None:
+        """End the idle processes: EOF asks them to exit, a kill ends the ones that do not."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        with anyio.CancelScope(shield=True):
+            for child in idle:
+                child.conn.close()
+                await self._reap(child, "closed", timeout_s=_CLOSE_WAIT_S)
+
+    def pids(self) -> list[int]:
+        """Process ids of the idle render processes (for tests and the benchmark)."""
+        return [child.process.pid for child in self._idle]
+
+    async def render(self, data: bytes, specs: Sequence[RenditionSpec]) -> RenderResult:
+        """Render in a warm process; raises the render's DarkroomError, or timeout, crash
+        and out-of-memory codes. A cancelled render kills and reaps its process."""
+        async with self._free:
+            child = self._idle.pop() if self._idle else await self._spawn()
+            reply = await self._exchange(child, (data, tuple(specs), self.max_pixels))
+            if reply[0] == "died":
+                await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
+                raise _death(child.process.exitcode, self.memory_mb)
+            kind, value, rss_mb = reply
+            await self._keep_or_retire(child, value, rss_mb)
+        if kind == "error":
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    async def _exchange(self, child: _Child, request: Any) -> tuple[Any, ...]:
+        done = False
+        try:
+            with anyio.fail_after(self.timeout_s):
+                reply = await anyio.to_thread.run_sync(
+                    child.exchange, request, abandon_on_cancel=True, limiter=self._threads
+                )
+            done = True
+            return reply
+        except TimeoutError:
+            raise RenderTimeoutError(f"render took longer than {self.timeout_s:g} s") from None
+        finally:
+            if not done:  # timed out or cancelled: the process may be mid-photo
+                if child.process.exitcode is None:
+                    child.process.kill()
+                await self._reap(child, "killed")
+
+    async def _keep_or_retire(self, child: _Child, value: Any, rss_mb: int) -> None:
+        child.renders += 1
+        reason = self._retirement(child, value, rss_mb)
+        if reason is None:
+            self._idle.append(child)
+        else:  # EOF asks it to exit; one that does not is killed
+            child.conn.close()
+            await self._reap(child, reason, timeout_s=_CLOSE_WAIT_S)
+
+    def _retirement(self, child: _Child, value: Any, rss_mb: int) -> str | None:
+        if isinstance(value, RenderOutOfMemoryError):
+            return "out_of_memory"
+        if self._closed:
+            return "closed"
+        if child.renders >= self.renders_per_process:
+            return "renders"
+        return "rss" if rss_mb > self.max_rss_mb else None
+
+    async def _spawn(self) -> _Child:
+        ctx = _forkserver()
+        ours, theirs = ctx.Pipe(duplex=True)
+        process = ctx.Process(
+            target=_serve, args=(theirs, self.memory_mb, self.vips_threads), daemon=True
+        )
+        try:
+            await anyio.to_thread.run_sync(_start, process, limiter=self._threads)
+        finally:
+            theirs.close()
+        self.started += 1
+        return _Child(process, ours)
+
+    async def _reap(self, child: _Child, reason: str, *, timeout_s: float | None = None) -> None:
+        """Wait for the process to end (killing it after `timeout_s`), even when cancelled."""
+        process = child.process
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(process.join, timeout_s, limiter=self._threads)
+            if process.exitcode is None:
+                process.kill()
+                await anyio.to_thread.run_sync(process.join, limiter=self._threads)
+        self.retired[reason] += 1
 
 
 def _death(exitcode: int | None, memory_mb: int) -> DarkroomError:
@@ -116,43 +324,3 @@ def _death(exitcode: int | None, memory_mb: int) -> DarkroomError:
         return RenderOutOfMemoryError(f"render process was killed (SIGKILL; limit {memory_mb} MB)")
     name = signal.Signals(-exitcode).name if exitcode and exitcode < 0 else f"exit {exitcode}"
     return RenderCrashedError(f"render process died ({name})")
-
-
-async def render_isolated(
-    data: bytes,
-    specs: Sequence[RenditionSpec],
-    *,
-    max_pixels: int,
-    timeout_s: float,
-    memory_mb: int,
-    limiter: CapacityLimiter,
-) -> RenderResult:
-    """Render in a new child; raises the child's DarkroomError or timeout/crash/OOM codes."""
-    async with limiter:
-        ctx = _forkserver()
-        receiver, sender = ctx.Pipe(duplex=False)
-        # Its own thread token: a render waiting on its child must not take one of anyio's
-        # shared worker threads (40 by default) from file I/O or other renders.
-        threads = anyio.CapacityLimiter(1)
-        process = ctx.Process(
-            target=_child_main, args=(sender, data, tuple(specs), max_pixels, memory_mb)
-        )
-        try:
-            await anyio.to_thread.run_sync(_start, process, limiter=threads)
-            sender.close()
-            with anyio.fail_after(timeout_s):
-                kind, value = await anyio.to_thread.run_sync(
-                    _receive, receiver, process, abandon_on_cancel=True, limiter=threads
-                )
-        except TimeoutError:
-            raise RenderTimeoutError(f"render took longer than {timeout_s:g} s") from None
-        finally:
-            if process.is_alive():
-                process.kill()
-            await anyio.to_thread.run_sync(process.join, limiter=threads)
-            receiver.close()
-    if kind == "ok":
-        return value  # type: ignore[no-any-return]
-    if kind == "error":
-        raise value
-    raise _death(value, memory_mb)

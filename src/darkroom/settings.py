@@ -96,6 +96,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     web_host: str = "127.0.0.1"
     web_port: int = 8080
     web_token: str | None = None
+    renders_per_process: int = 500
+    render_max_rss_mb: int = 256
 
     @property
     def in_flight_bound(self) -> int:
@@ -206,6 +208,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "web_host": _nonempty,
     "web_port": _tcp_port,
     "web_token": _token,
+    "renders_per_process": _positive(int),
+    "render_max_rss_mb": _positive(int),
 }
 
 

@@ -57,35 +57,28 @@ class FileStorage:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._base = os.path.abspath(root)  # resolved once, not per key
 
     def _path(self, key: str) -> Path:
-        path = (self.root / key).resolve()
-        if self.root.resolve() not in path.parents:
+        path = os.path.normpath(os.path.join(self._base, key))
+        if not path.startswith(self._base + os.sep):
             raise OriginalMissingError(f"key {key!r} escapes the storage folder")
-        return path
+        return Path(path)
 
     async def get(self, key: str, max_bytes: int) -> bytes:
         path = self._path(key)
         try:
-            size = (await anyio.Path(path).stat()).st_size
-            if size > max_bytes:
-                raise _too_large(key, size, max_bytes)
-            return await anyio.Path(path).read_bytes()
+            return await anyio.to_thread.run_sync(_read_file, path, key, max_bytes)
         except FileNotFoundError as exc:
             raise OriginalMissingError(f"no object at {key}") from exc
         except OSError as exc:
             raise StorageUnavailableError(f"reading {key}: {exc}") from exc
 
     async def put(self, key: str, data: bytes, content_type: str) -> None:
-        path = self._path(key)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        """One thread hop per object: mkdir, write a temporary name, rename into place."""
         try:
-            await anyio.Path(path.parent).mkdir(parents=True, exist_ok=True)
-            await anyio.Path(tmp).write_bytes(data)
-            await anyio.to_thread.run_sync(os.replace, tmp, path)
+            await anyio.to_thread.run_sync(_write_file, self._path(key), data)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise StorageUnavailableError(f"writing {key}: {exc}") from exc
 
     async def probe(self) -> None:
@@ -98,6 +91,26 @@ class FileStorage:
 
     async def aclose(self) -> None:
         return None
+
+
+def _read_file(path: Path, key: str, max_bytes: int) -> bytes:
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise _too_large(key, size, max_bytes)
+        return f.read()
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def _s3_code(exc: BaseException) -> str:

@@ -26,6 +26,7 @@ from darkroom.inflight import InFlight
 from darkroom.jobs import Jobs
 from darkroom.messages import Entry
 from darkroom.pacing import Backoff, Throttle
+from darkroom.renderer import RenderPool
 from darkroom.settings import Settings
 from darkroom.storage import Storage
 from darkroom.streams import Streams
@@ -63,9 +64,9 @@ class Worker:
             self.stopping,
             clock=self.clock,
         )
-        render_slots = anyio.CapacityLimiter(self.settings.concurrency)
+        self.renderer = RenderPool.from_settings(self.settings)  # owns the render slots
         self.jobs = Jobs(self.settings, self.pool, self.streams, self.storage, self.gate,
-                         render_slots, self.stopping, self.in_flight)  # fmt: skip
+                         self.renderer, self.stopping, self.in_flight)  # fmt: skip
 
     def stop(self) -> None:
         """First signal: stop reading; in-flight photos finish within the grace period."""
@@ -79,7 +80,7 @@ class Worker:
         return ok, {"ready": ok, "stopping": self.stopping.is_set(), "down": down}
 
     async def run(self, *, drain: bool = False) -> None:
-        async with anyio.create_task_group() as services:
+        async with self.renderer, anyio.create_task_group() as services:
             services.start_soon(self._heartbeat_loop)
             services.start_soon(self._sweep_loop)
             async with anyio.create_task_group() as jobs:

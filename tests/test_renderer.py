@@ -1,0 +1,188 @@
+"""In-process tests of `darkroom.renderer.RenderPool`: warm processes, their limits and ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from darkroom.errors import (
+    CorruptImageError,
+    RenderCrashedError,
+    RenderOutOfMemoryError,
+    RenderTimeoutError,
+)
+from darkroom.pipeline import render
+from darkroom.renderer import RenderPool, vips_threads_for
+from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
+from tests.conftest import PHOTOS
+
+DEFAULTS = parse_renditions(DEFAULT_RENDITIONS)
+HEIC = (PHOTOS / "iphone_13_pro_max.HEIC").read_bytes()  # about a second to render
+SMALL = (PHOTOS / "animated-loop-3.gif").read_bytes()
+JPEG = (PHOTOS / "Landscape_6.jpg").read_bytes()
+
+
+def pool(slots: int = 1, **options: Any) -> RenderPool:
+    settings = {"max_pixels": Settings().max_pixels, "timeout_s": 120.0, "memory_mb": 2048,
+                "renders_per_process": 100, "max_rss_mb": 512} | options  # fmt: skip
+    return RenderPool(slots, **settings)
+
+
+def gone(pid: int) -> bool:
+    """The process has exited and been reaped (no zombie left behind)."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+async def test_a_warm_process_renders_what_the_pipeline_renders() -> None:
+    """The pool's result equals an in-process render, and the process stays for the next photo."""
+    async with pool() as renderer:
+        [pid] = renderer.pids()
+        result = await renderer.render(JPEG, DEFAULTS)
+        assert renderer.pids() == [pid]
+    expected = render(JPEG, DEFAULTS, Settings().max_pixels)
+    assert result.facts == expected.facts
+    assert [(r.name, r.format, r.width, r.height) for r in result.renditions] == [
+        (r.name, r.format, r.width, r.height) for r in expected.renditions
+    ]
+    assert result.peak_rss_mb > 0
+    assert gone(pid), "close ends the idle processes"
+
+
+async def test_a_process_is_replaced_after_renders_per_process_photos() -> None:
+    """renders_per_process=2: the third photo runs in a new process; the old one has exited."""
+    async with pool(renders_per_process=2) as renderer:
+        [first] = renderer.pids()
+        for _ in range(2):
+            await renderer.render(SMALL, DEFAULTS)
+        assert renderer.pids() == [] and gone(first)
+        await renderer.render(SMALL, DEFAULTS)
+        assert renderer.pids() != [first]
+        assert (renderer.started, renderer.retired["renders"]) == (2, 1)
+
+
+async def test_a_process_over_its_rss_bound_is_replaced() -> None:
+    """A process whose resident memory after a photo passes max_rss_mb is retired."""
+    async with pool(max_rss_mb=1) as renderer:
+        [first] = renderer.pids()
+        await renderer.render(SMALL, DEFAULTS)
+        assert renderer.retired["rss"] == 1 and gone(first)
+
+
+async def test_a_timeout_kills_the_process_and_the_next_photo_renders() -> None:
+    """A render slower than timeout_s is killed (code timeout); a fresh process takes the next."""
+    async with pool(timeout_s=0.05) as renderer:
+        [pid] = renderer.pids()
+        with pytest.raises(RenderTimeoutError) as caught:
+            await renderer.render(HEIC, DEFAULTS)
+        assert caught.value.code == "timeout" and caught.value.retryable
+        assert gone(pid) and renderer.retired["killed"] == 1
+        renderer.timeout_s = 120
+        again = await renderer.render(JPEG, DEFAULTS)
+    assert (again.facts.width, again.facts.height) == (1800, 1200)
+
+
+async def test_a_crash_costs_only_its_photo() -> None:
+    """A render process dying mid-photo (SIGSEGV) is render_crashed; the pool carries on."""
+    async with pool() as renderer:
+        [pid] = renderer.pids()
+        async with anyio.create_task_group() as group:
+            group.start_soon(_signal_later, pid, signal.SIGSEGV)
+            with pytest.raises(RenderCrashedError, match="SIGSEGV"):
+                await renderer.render(HEIC, DEFAULTS)
+        assert gone(pid) and renderer.retired["crashed"] == 1
+        assert (await renderer.render(SMALL, DEFAULTS)).facts.format == "gif"
+
+
+async def _signal_later(pid: int, signum: int) -> None:
+    await anyio.sleep(0.3)
+    os.kill(pid, signum)
+
+
+async def test_out_of_memory_fails_its_photo_and_replaces_the_process() -> None:
+    """Past memory_mb the photo fails out_of_memory (or crashed in native code), the process
+    is replaced, and a small photo still renders under the same limit."""
+    async with pool(memory_mb=100) as renderer:
+        [pid] = renderer.pids()
+        with pytest.raises((RenderOutOfMemoryError, RenderCrashedError)):
+            await renderer.render(HEIC, DEFAULTS)
+        assert gone(pid)
+        assert (await renderer.render(SMALL, DEFAULTS)).facts.format == "gif"
+
+
+async def test_a_cancelled_render_kills_and_reaps_its_process() -> None:
+    """Cancelling the awaiting task kills the render process and waits for it to be reaped."""
+    async with pool() as renderer:
+        [pid] = renderer.pids()
+        with anyio.move_on_after(0.3) as scope:
+            await renderer.render(HEIC, DEFAULTS)
+        assert scope.cancelled_caught
+        assert gone(pid) and renderer.retired["killed"] == 1
+        assert (await renderer.render(SMALL, DEFAULTS)).facts.format == "gif"
+
+
+async def test_a_photo_error_keeps_the_process() -> None:
+    """A permanent error of the photo itself (corrupt data) is raised; the process stays warm."""
+    async with pool() as renderer:
+        [pid] = renderer.pids()
+        with pytest.raises(CorruptImageError):
+            await renderer.render(JPEG[: len(JPEG) // 2], DEFAULTS)
+        assert renderer.pids() == [pid]
+
+
+async def test_slots_bound_concurrent_renders() -> None:
+    """Two slots: four photos at once never run more than two processes."""
+    async with pool(slots=2) as renderer:
+        assert len(renderer.pids()) == 2
+        async with anyio.create_task_group() as group:
+            for _ in range(4):
+                group.start_soon(renderer.render, JPEG, DEFAULTS)
+        assert renderer.started == 2 and len(renderer.pids()) == 2
+
+
+def test_libvips_threads_share_the_cores_between_slots() -> None:
+    """processes × libvips threads never exceeds the usable cores (at least one thread each)."""
+    cores = len(os.sched_getaffinity(0))
+    assert vips_threads_for(1) == cores
+    assert vips_threads_for(cores) == 1
+    assert vips_threads_for(cores * 4) == 1
+
+
+def test_render_processes_exit_when_their_worker_is_killed() -> None:
+    """A SIGKILLed worker leaves no render process behind: each sees EOF on its pipe."""
+    script = (
+        "import anyio, sys\n"
+        "from tests.test_renderer import pool\n"
+        "async def main():\n"
+        "    async with pool(slots=2) as renderer:\n"
+        "        print(*renderer.pids(), flush=True)\n"
+        "        await anyio.sleep(60)\n"
+        "anyio.run(main)\n"
+    )
+    root = Path(__file__).parents[1]
+    worker = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    assert worker.stdout is not None
+    pids = [int(pid) for pid in worker.stdout.readline().split()]
+    assert len(pids) == 2 and not any(stopped(pid) for pid in pids)
+    worker.kill()
+    worker.communicate()
+    deadline = time.monotonic() + 10
+    while not all(stopped(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(stopped(pid) for pid in pids)
+
+
+def stopped(pid: int) -> bool:
+    """Exited: gone, or a zombie waiting for a reaper that is not ours."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
