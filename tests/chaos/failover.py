@@ -21,8 +21,9 @@ RETRY, DEAD_LETTERED = "attempt failed; will retry", "photo failed; dead-lettere
 def open_window(rig: Rig, kind: str) -> dict[str, Any]:
     """Start the fault; what it did (backends terminated, ...)."""
     if kind == "redis_replica":
+        backlog = rig.backlog()
         rig.demote_redis()
-        return {}
+        return {"backlog_at_demotion": backlog}
     if kind == "pg_read_only":
         return {"backends_terminated": rig.pg_read_only(True)}
     if kind == "s3_denied":
@@ -34,11 +35,12 @@ def open_window(rig: Rig, kind: str) -> dict[str, Any]:
 
 def close_window(rig: Rig, kind: str) -> dict[str, Any]:
     """Lift the fault; what it saw while open."""
-    if kind == "redis_replica":
+    if kind == "redis_replica":  # a replica takes no write: its stream must be unchanged
         with rig.redis() as client:
             role = client.role()[0]
+        backlog = rig.backlog()
         rig.promote_redis()
-        return {"role_before_lift": role}
+        return {"role_before_lift": role, "backlog_at_promotion": backlog}
     if kind == "pg_read_only":
         return {"backends_terminated_at_lift": rig.pg_read_only(False)}
     if kind == "s3_denied":

@@ -287,8 +287,8 @@ class Rig:
         primary: PING and reads answer, every write answers READONLY (replica-read-only is
         the default). The "primary" is a port we hold bound but never listen on, so the
         sync attempts are refused at once: the replica never starts a full sync, which would
-        flush its dataset, and keeps its data (checked by the rig's tests). Clients blocked
-        in XREADGROUP are unblocked with an UNBLOCKED error by the role change."""
+        flush its dataset, and keeps its data (the failover test checks that its stream is
+        unchanged). A client blocked in XREADGROUP gets an UNBLOCKED error at the demotion."""
         self.dead_primary = socket.socket()
         self.dead_primary.bind(("127.0.0.1", 0))
         self.stack.callback(self.dead_primary.close)
