@@ -13,9 +13,10 @@ from pathlib import Path
 
 import anyio
 import anyio.lowlevel
+import asyncpg
 import redis
 
-from tests.conftest import free_port
+from tests.conftest import PG_BASE, free_port
 
 DENIED_XML = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
@@ -115,3 +116,12 @@ class DenyingS3Proxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+async def pg_admin(sql: str) -> None:
+    """Run one statement on the server's maintenance database (ALTER DATABASE, roles)."""
+    conn = await asyncpg.connect(f"{PG_BASE}/postgres")
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()

@@ -5,29 +5,16 @@ the test's tmp dir, and is killed by `close()` (the fixtures' finalizer)."""
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import redis
 
+from tests.chaos.rig import wait_until
 from tests.conftest import free_port
 
 SERVICE = "darkroom-primary"
 NO_PERSISTENCE = ["--save", "", "--appendonly", "no"]
-
-
-def wait_until(probe: Callable[[], object], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(Exception):
-            if probe():
-                return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {timeout:g} s")
-        time.sleep(0.05)
 
 
 def make_certificates(folder: Path) -> dict[str, Path]:

@@ -389,6 +389,7 @@ FACT_COLUMNS = ("taken_at_local", "taken_at", "camera_make", "camera_model", "le
 def test_migrate_adds_fact_columns_to_a_database_with_rows(file_env: Env) -> None:
     drop = ", ".join(f"DROP COLUMN {c}" for c in FACT_COLUMNS)
     file_env.query(f"ALTER TABLE photos {drop}")
+    file_env.query("DROP TABLE darkroom_schema")  # a database from before the facts
     photo_id = uuid.uuid4()
     file_env.query("INSERT INTO photos (id, original_key) VALUES ($1, 'originals/x')", photo_id)
     file_env.cli("migrate")
@@ -413,6 +414,8 @@ def test_failed_rerender_keeps_the_photo_published(file_env: Env) -> None:
     assert after["renditions"] == before["renditions"] and after["rerendered_at"] is None
     assert after["rerender_requested_at"] is not None  # left for the operator to find
     assert file_env.redis.xlen(file_env.dead) == 0
+    job = file_env.query("SELECT state, error_code FROM photo_jobs WHERE photo_id = $1", photo_id)
+    assert (job[0]["state"], job[0]["error_code"]) == ("failed", "original_missing")
 
 
 def test_rerender_that_keeps_failing_is_given_up(file_env: Env) -> None:

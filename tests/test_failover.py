@@ -15,12 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 import redis
 
-from tests.conftest import PG_BASE, PHOTOS, Env, free_port
-from tests.faults import DenyingS3Proxy, spare_redis
+from tests.conftest import PHOTOS, Env, free_port
+from tests.faults import DenyingS3Proxy, pg_admin, spare_redis
 from tests.test_recovery import log_lines, state, wait_for
 
 BATCH = sorted(PHOTOS.glob("Landscape_*.jpg"))
@@ -85,14 +84,6 @@ def test_redis_demoted_to_replica_pauses_without_a_hot_loop(file_env: Env, spare
     assert admin.xlen(file_env.stream) == 0
 
 
-async def _admin(sql: str) -> None:
-    conn = await asyncpg.connect(f"{PG_BASE}/postgres")
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 def _terminate(name: str) -> str:
     return (f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             f"WHERE datname = '{name}' AND pid <> pg_backend_pid()")  # fmt: skip
@@ -105,14 +96,14 @@ def test_postgres_turned_read_only_pauses_and_burns_no_attempt(file_env: Env) ->
 
     ids = file_env.ingest(BATCH)
     name, port = file_env.database_url.rsplit("/", 1)[1], free_port()
-    asyncio.run(_admin(f"ALTER DATABASE {name} SET default_transaction_read_only = on"))
+    asyncio.run(pg_admin(f"ALTER DATABASE {name} SET default_transaction_read_only = on"))
     worker = file_env.start("run", DARKROOM_METRICS_PORT=str(port))
     try:
         assert wait_down(port, "database", worker).startswith("read_only")
         time.sleep(3)
         assert file_env.query("SELECT 1 FROM photos WHERE processing_state <> 'uploaded'") == []
     finally:
-        asyncio.run(_admin(f"ALTER DATABASE {name} RESET default_transaction_read_only"))
+        asyncio.run(pg_admin(f"ALTER DATABASE {name} RESET default_transaction_read_only"))
     finish(file_env, worker, ids)
 
 

@@ -30,8 +30,8 @@ from darkroom.health import Gate
 from darkroom.inflight import InFlight
 from darkroom.pacing import Backoff, Throttle
 from darkroom.streams import Streams
-from tests.conftest import AWS_ENV, PG_BASE, REDIS_URL, free_port
-from tests.faults import DenyingS3Proxy, FakeClock, spare_redis
+from tests.conftest import AWS_ENV, REDIS_URL, free_port
+from tests.faults import DenyingS3Proxy, FakeClock, pg_admin, spare_redis
 
 
 @pytest.fixture
@@ -289,26 +289,18 @@ def test_backoff_is_capped_and_the_throttle_counts_what_it_kept_quiet() -> None:
 # -- PostgreSQL: real faults -----------------------------------------------------------------
 
 
-async def _admin(sql: str) -> None:
-    conn = await asyncpg.connect(f"{PG_BASE}/postgres")
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 async def test_read_only_postgres_is_an_outage_and_reconnect_recovers(database_url: str) -> None:
     """default_transaction_read_only (what a failover to a reader looks like): the probe and
     every claim say read_only; after it is lifted, reconnect + probe pass."""
     name = database_url.rsplit("/", 1)[1]
-    await _admin(f"ALTER DATABASE {name} SET default_transaction_read_only = on")
+    await pg_admin(f"ALTER DATABASE {name} SET default_transaction_read_only = on")
     pool = await db.connect(database_url, 2)
     try:
         for call in (db.probe(pool), db.claim(pool, uuid.uuid4(), "1-0", "c")):
             with pytest.raises(DatabaseUnavailableError) as caught:
                 await call
             assert caught.value.reason == "read_only"
-        await _admin(f"ALTER DATABASE {name} RESET default_transaction_read_only")
+        await pg_admin(f"ALTER DATABASE {name} RESET default_transaction_read_only")
         with pytest.raises(DatabaseUnavailableError):
             await db.probe(pool)  # the old sessions are still read-only
         await db.reconnect(pool)
@@ -321,7 +313,7 @@ async def test_revoked_login_and_grants_are_database_outages(database_url: str) 
     """A role that may not log in: auth; one without grants on darkroom's tables:
     permission_denied, for the probe and for a claim."""
     role = f"darkroom_r_{uuid.uuid4().hex[:8]}"
-    await _admin(f"CREATE ROLE {role} NOLOGIN")
+    await pg_admin(f"CREATE ROLE {role} NOLOGIN")
     try:
         url = database_url.replace("postgres@", f"{role}@")
         pool = await db.connect(url, 1)
@@ -329,7 +321,7 @@ async def test_revoked_login_and_grants_are_database_outages(database_url: str) 
             with pytest.raises(DatabaseUnavailableError) as caught:
                 await db.probe(pool)
             assert caught.value.reason == "auth"
-            await _admin(f"ALTER ROLE {role} LOGIN")
+            await pg_admin(f"ALTER ROLE {role} LOGIN")
             for call in (db.probe(pool), db.claim(pool, uuid.uuid4(), "1-0", "c")):
                 with pytest.raises(DatabaseUnavailableError) as caught:
                     await call
@@ -337,7 +329,7 @@ async def test_revoked_login_and_grants_are_database_outages(database_url: str) 
         finally:
             await pool.close()
     finally:
-        await _admin(f"DROP ROLE {role}")
+        await pg_admin(f"DROP ROLE {role}")
 
 
 # -- S3: denied bucket vs one denied object --------------------------------------------------

@@ -76,6 +76,17 @@ async def test_a_process_over_its_rss_bound_is_replaced() -> None:
         assert renderer.retired["rss"] == 1 and gone(first)
 
 
+async def test_a_process_whose_address_space_neared_its_limit_is_replaced() -> None:
+    """VmPeak never goes down: once a photo took a process within the margin of its limit,
+    the next photo's failed allocation could pass for a corrupt image, so it is retired
+    and the next photo starts in a fresh process."""
+    async with pool(memory_mb=250) as renderer:  # a render process peaks near 200 MB
+        [first] = renderer.pids()
+        await renderer.render(SMALL, DEFAULTS)
+        assert renderer.retired["address_space"] == 1 and gone(first)
+        await renderer.render(JPEG, DEFAULTS)
+
+
 async def test_a_timeout_kills_the_process_and_the_next_photo_renders() -> None:
     """A render slower than timeout_s is killed (code timeout); a fresh process takes the next."""
     async with pool(timeout_s=0.05) as renderer:

@@ -203,6 +203,7 @@ async def test_migrate_brings_an_existing_database_to_the_keyset(
         """
         ALTER TABLE photos DROP COLUMN last_activity_at;
         DROP INDEX photo_jobs_stream_entry_idx;
+        DROP TABLE darkroom_schema;
         CREATE INDEX photos_unfinished_idx
             ON photos (updated_at) WHERE processing_state IN ('uploaded', 'processing');
         """

@@ -8,6 +8,7 @@ change `processed_at` once set. Driver errors become DatabaseUnavailableError he
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -86,10 +87,32 @@ async def migrate(url: str) -> bool:
     try:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext('darkroom:migrate'))")
-            await conn.execute(schema_sql())
+            await _apply_schema(conn)
     finally:
         await conn.close()
     return created
+
+
+# The digest of the schema last applied. A re-run of `migrate` on a current database reads
+# it and touches nothing else: ALTER TABLE and CREATE INDEX take their locks on `photos`
+# before finding there is nothing to do, so running them on every deploy would queue every
+# claim and publish behind any open transaction. An upgrade waits at most LOCK_TIMEOUT for
+# its locks, then fails with a clear error rather than stalling the workers.
+MIGRATE_LOCK_TIMEOUT = "10s"
+
+
+async def _apply_schema(conn: asyncpg.Connection) -> None:
+    sql = schema_sql()
+    digest = hashlib.sha256(sql.encode()).hexdigest()
+    await conn.execute(
+        "CREATE TABLE IF NOT EXISTS darkroom_schema"
+        " (sha256 text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+    )
+    if await conn.fetchval("SELECT 1 FROM darkroom_schema WHERE sha256 = $1", digest):
+        return
+    await conn.execute(f"SET LOCAL lock_timeout = '{MIGRATE_LOCK_TIMEOUT}'")
+    await conn.execute(sql)
+    await conn.execute("INSERT INTO darkroom_schema (sha256) VALUES ($1)", digest)
 
 
 @translated
@@ -310,6 +333,26 @@ async def record_failure(
     return await pool.fetchval(FAIL_SQL, photo_id, code, message[:2000], entry_id) is not None
 
 
+# A re-render (a processed photo with a request) that failed for good: its job records the
+# code and message; the photo keeps its renditions, state and request (nothing else moves).
+RERENDER_FAILED_SQL = """
+UPDATE photo_jobs j SET state = 'failed', error_code = $2, last_error = $3,
+    next_retry_at = NULL, finished_at = now(), updated_at = now()
+FROM photos p
+WHERE j.photo_id = $1 AND j.type = 'process' AND j.stream_entry = $4 AND j.state = 'active'
+  AND p.id = $1 AND p.processing_state = 'processed' AND p.rerender_requested_at IS NOT NULL
+RETURNING j.photo_id
+"""
+
+
+@translated
+async def record_rerender_failure(
+    pool: Pool, photo_id: uuid.UUID, entry_id: str, code: str, message: str
+) -> bool:
+    row = await pool.fetchval(RERENDER_FAILED_SQL, photo_id, code, message[:2000], entry_id)
+    return row is not None
+
+
 @translated
 async def last_error(pool: Pool, photo_id: uuid.UUID) -> tuple[str | None, str | None]:
     row = await pool.fetchrow(
@@ -446,7 +489,11 @@ ON CONFLICT (photo_id, type) DO UPDATE SET
     -- finished from that entry alone); retry/replay reset the job to pending first
     stream_entry = CASE WHEN j.state IN ('done', 'failed') THEN j.stream_entry
                         ELSE EXCLUDED.stream_entry END,
-    state = CASE WHEN j.state IN ('done', 'failed') THEN j.state ELSE 'pending' END,
+    -- a worker may have claimed the new entry between the XADD and this statement: its
+    -- active job stays active (else its retry record, which needs `active`, would be lost)
+    state = CASE WHEN j.state IN ('done', 'failed')
+                      OR (j.state = 'active' AND j.stream_entry = EXCLUDED.stream_entry)
+                 THEN j.state ELSE 'pending' END,
     updated_at = now()
 """
 

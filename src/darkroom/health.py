@@ -79,6 +79,8 @@ class Gate:
             return exc
         except TimeoutError:
             return DarkroomError(f"probe took longer than {PROBE_TIMEOUT_S:g} s", reason="timeout")
+        except Exception as exc:  # an error the adapter's table missed: still not healthy
+            return DarkroomError(f"probe: {type(exc).__name__}: {exc}", reason="probe_error")
 
     async def healthy(self, dependency: str) -> bool:
         return await self.check(dependency) is None

@@ -102,13 +102,13 @@ class Jobs:
             except DarkroomError as exc:
                 if exc.stage not in DEPENDENCIES or not exc.retryable:
                     raise
-                if await self.gate.healthy(exc.stage):
+                # An outage is waited out; a dependency that answers its probe gets a
+                # few retries in place, each after a pause (never back to back).
+                if not await self.gate.wait(exc.stage):
                     retries += 1
                     if retries > IN_PLACE_RETRIES:
                         raise
                     await anyio.sleep(0.25 * 2**retries)
-                else:
-                    await self.gate.wait(exc.stage)
                 if self.stopping.is_set():
                     raise LeftPending from exc
 
@@ -209,9 +209,12 @@ class Jobs:
             if isinstance(decision, policy.Retry):
                 await self._retry_later(entry, exc, decision.delay_ms)
                 bound.warning("attempt failed; will retry", delay_ms=decision.delay_ms)
-            elif await self._dead_letter(entry, deliveries, exc):
+            elif (ended := await self._dead_letter(entry, deliveries, exc)) == "dead_lettered":
                 metrics.OUTCOMES.labels("failed").inc()
                 bound.error("photo failed; dead-lettered")
+            elif ended == "rerender_failed":
+                metrics.OUTCOMES.labels("failed").inc()
+                bound.error("re-render failed; the photo keeps its renditions")
             else:
                 metrics.OUTCOMES.labels("already").inc()
                 bound.warning("photo already finished by another delivery; acked")
@@ -226,17 +229,22 @@ class Jobs:
         idle_ms = policy.preset_idle_ms(self.settings.claim_idle_ms, delay_ms)
         await self.streams.backoff(entry.id, idle_ms)
 
-    async def _dead_letter(self, entry: Entry, deliveries: int, exc: DarkroomError) -> bool:
-        """Record the final failure, then the dead letter; False (and only an ack) when the
-        photo is already terminal or gone: its one dead letter, if any, exists already."""
+    async def _dead_letter(self, entry: Entry, deliveries: int, exc: DarkroomError) -> str:
+        """Record the final failure, then the dead letter. When the photo is already
+        terminal or gone (its one dead letter, if any, exists already) only an ack:
+        `already`, or `rerender_failed` when a re-render of a processed photo failed (the
+        job records the code; the photo stays as it was, with its request set)."""
         photo_id = _photo_id(entry)
         if photo_id is not None and not await db.record_failure(
             self.pool, photo_id, entry.id, exc.code, str(exc)
         ):
+            rerender = await db.record_rerender_failure(
+                self.pool, photo_id, entry.id, exc.code, str(exc)
+            )
             await self.streams.ack(entry.id)
-            return False
+            return "rerender_failed" if rerender else "already"
         await self._write_dead_letter(entry, deliveries, exc.code, str(exc), exc.stage)
-        return True
+        return "dead_lettered"
 
     async def _write_dead_letter(
         self, entry: Entry, deliveries: int, code: str, message: str, stage: str

@@ -143,8 +143,9 @@ def _vips_message(exc: pyvips.Error) -> str:
 
 
 def _facts(base: pyvips.Image, source: Source, data: bytes) -> Facts:
-    width, height, rgba = _small_rgba(base)
-    dominant = placeholders.dominant_color(rgba)
+    small = _small_rgba(base, placeholders.SIDE)
+    tiny = _small_rgba(small, placeholders.THUMBHASH_SIDE)
+    dominant = placeholders.dominant_color(_pixels(small))
     return Facts(
         source.format,
         source.width,
@@ -152,21 +153,24 @@ def _facts(base: pyvips.Image, source: Source, data: bytes) -> Facts:
         has_alpha=bool(base.hasalpha()),
         frames=source.frames,
         source_profile=profile_name(source.icc),
-        thumbhash=placeholders.thumbhash_text(width, height, rgba),
+        thumbhash=placeholders.thumbhash_text(tiny.width, tiny.height, _pixels(tiny)),
         dominant_color=dominant[0] if dominant else None,
         capture=exif.read(source.exif),
     )
 
 
-def _small_rgba(base: pyvips.Image) -> tuple[int, int, bytes]:
-    """At most 100×100 px, 8-bit sRGB with alpha, cascaded from the decode."""
-    side = placeholders.SIDE
-    small = base.thumbnail_image(side, height=side, size="down")
+def _small_rgba(image: pyvips.Image, side: int) -> pyvips.Image:
+    """At most side×side px, 8-bit sRGB with alpha, cascaded from the decode."""
+    small = image.thumbnail_image(side, height=side, size="down")
     if small.bands < 3:
         small = small.colourspace("srgb")
     if not small.hasalpha():
         small = small.bandjoin_const([255])
-    return small.width, small.height, bytes(small.cast("uchar").write_to_memory())
+    return small.cast("uchar").copy_memory()
+
+
+def _pixels(image: pyvips.Image) -> bytes:
+    return bytes(image.write_to_memory())
 
 
 def profile_name(icc: bytes | None) -> str | None:

@@ -102,7 +102,9 @@ def _serve(conn: Connection, memory_mb: int, vips_threads: int) -> None:
             reply = _serve_one(conn, memory_mb)
             if reply is None:
                 return
-            conn.send((*reply, _rss_mb()))  # measured once the photo's locals are gone
+            # measured once the photo's locals are gone; VmPeak never goes down, so the
+            # pool retires a process whose peak neared the limit (see _retirement)
+            conn.send((*reply, _rss_mb(), _status_mb("VmPeak")))
             if isinstance(reply[1], RenderOutOfMemoryError):
                 return  # the pipe may be out of step after a failed allocation: retire
 
@@ -120,13 +122,24 @@ def _serve_one(conn: Connection, memory_mb: int) -> tuple[str, Any] | None:
         # libvips reports a failed allocation as a generic error: if this photo pushed the
         # address space up to the limit, it is memory.
         peak = _status_mb("VmPeak")
-        if isinstance(exc, MemoryError) or (
-            peak > peak_before and peak >= memory_mb - _MEMORY_MARGIN_MB
+        if (
+            isinstance(exc, MemoryError)
+            or _says_out_of_memory(exc)
+            or (peak > peak_before and peak >= memory_mb - _MEMORY_MARGIN_MB)
         ):
             return "error", RenderOutOfMemoryError(f"render needed more than {memory_mb} MB")
         return "error", exc
     except DarkroomError as exc:
         return "error", exc
+
+
+# libvips' words for an allocation or thread start refused under RLIMIT_AS
+_OUT_OF_MEMORY_WORDS = ("failed to allocate", "error creating thread", "out of memory")
+
+
+def _says_out_of_memory(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return any(words in text for words in _OUT_OF_MEMORY_WORDS)
 
 
 def _reset_peak() -> None:
@@ -254,8 +267,8 @@ class RenderPool:
             if reply[0] == "died":
                 await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
                 raise _death(child.process.exitcode, self.memory_mb)
-            kind, value, rss_mb = reply
-            await self._keep_or_retire(child, value, rss_mb)
+            kind, value, rss_mb, peak_mb = reply
+            await self._keep_or_retire(child, value, rss_mb, peak_mb)
         if kind == "error":
             raise value
         return value  # type: ignore[no-any-return]
@@ -277,18 +290,22 @@ class RenderPool:
                     child.process.kill()
                 await self._reap(child, "killed")
 
-    async def _keep_or_retire(self, child: _Child, value: Any, rss_mb: int) -> None:
+    async def _keep_or_retire(self, child: _Child, value: Any, rss_mb: int, peak_mb: int) -> None:
         child.renders += 1
-        reason = self._retirement(child, value, rss_mb)
+        reason = self._retirement(child, value, rss_mb, peak_mb)
         if reason is None:
             self._idle.append(child)
         else:  # EOF asks it to exit; one that does not is killed
             child.conn.close()
             await self._reap(child, reason, timeout_s=_CLOSE_WAIT_S)
 
-    def _retirement(self, child: _Child, value: Any, rss_mb: int) -> str | None:
+    def _retirement(self, child: _Child, value: Any, rss_mb: int, peak_mb: int) -> str | None:
         if isinstance(value, RenderOutOfMemoryError):
             return "out_of_memory"
+        if peak_mb >= self.memory_mb - _MEMORY_MARGIN_MB:
+            # its address space once came near the limit: the next photo's allocation
+            # failure could no longer be told from a corrupt image
+            return "address_space"
         if self._closed:
             return "closed"
         if child.renders >= self.renders_per_process:

@@ -4,12 +4,17 @@ and storage."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+
+import anyio
 
 from darkroom import db
 from darkroom.settings import Settings
 from darkroom.storage import Storage, open_storage
 from darkroom.streams import Streams, connect
+
+# A stop must end: closing a connection to a server that stopped answering waits forever.
+CLOSE_TIMEOUT_S = 5.0
 
 
 def open_streams(settings: Settings) -> Streams:
@@ -31,9 +36,10 @@ async def services(settings: Settings, pool_size: int) -> AsyncIterator[tuple[db
         try:
             yield pool, streams
         finally:
-            await pool.close()
+            if not await _within(CLOSE_TIMEOUT_S, pool.close()):
+                pool.terminate()  # a frozen server never answers the goodbye
     finally:
-        await streams.client.aclose()
+        await _within(CLOSE_TIMEOUT_S, streams.client.aclose())
 
 
 @contextlib.asynccontextmanager
@@ -42,4 +48,13 @@ async def storage_for(settings: Settings) -> AsyncIterator[Storage]:
     try:
         yield storage
     finally:
-        await storage.aclose()
+        await _within(CLOSE_TIMEOUT_S, storage.aclose())
+
+
+async def _within(seconds: float, closing: Awaitable[None]) -> bool:
+    """Close politely, but never let an unresponsive server hold the exit: False if the
+    deadline passed (the process is exiting; the OS closes what is left)."""
+    with anyio.move_on_after(seconds):
+        await closing
+        return True
+    return False

@@ -102,20 +102,29 @@ class Worker:
             try:
                 if not started:
                     await self.streams.ensure_group()
-                    # Only at start: later, what this consumer holds is in flight or backing off.
+                    # Only at start: later, what this consumer holds is in flight or backing
+                    # off. Once claimed (a delivery counted), never claimed again here.
                     own = await self.streams.read_own_pending(self.in_flight.free())
-                    await self._dispatch(jobs, own)
                     started = True
+                    await self._dispatch(jobs, own)
                 if await self._intake_step(jobs, drain):
                     return
                 backoff.reset()
                 throttle.clear()
-            except DarkroomError as exc:
-                self._say_repeat(throttle, "intake call failed", exc)
-                await self._recover(exc, backoff)
-            except Exception:  # a bug must not end the worker: log it, back off, go on
-                log.exception("intake failed unexpectedly")
-                await self.clock.sleep(backoff.next_s(), self.stopping)
+            except Exception as exc:  # a bug must not end the worker either: back off
+                await self._after_failure(exc, backoff, throttle)
+
+    async def _after_failure(self, exc: Exception, backoff: Backoff, throttle: Throttle) -> None:
+        if not isinstance(exc, DarkroomError):
+            log.exception("intake failed unexpectedly")
+            await self.clock.sleep(backoff.next_s(), self.stopping)
+            return
+        self._say_repeat(throttle, "intake call failed", exc)
+        try:
+            await self._recover(exc, backoff)
+        except Exception:
+            log.exception("recovering the intake failed")
+            await self.clock.sleep(backoff.next_s(), self.stopping)
 
     async def _recover(self, exc: DarkroomError, backoff: Backoff) -> None:
         """Wait out an outage, or back off when the dependency answers its probe (the call
@@ -195,12 +204,18 @@ class Worker:
                          entry_id=entry.id)  # fmt: skip
                 continue
             metrics.IN_FLIGHT.set(len(self.in_flight))
-            try:
-                deliveries = 1 if fresh else await self.streams.deliveries(entry.id)
-            except DarkroomError:
-                self.in_flight.release(entry.id)
-                raise
-            jobs.start_soon(self._run_one, entry, deliveries)
+            jobs.start_soon(self._run_one, entry, 1 if fresh else await self._deliveries(entry))
+
+    async def _deliveries(self, entry: Entry) -> int:
+        """The delivery count of a claimed entry. The claim already counted a delivery, so
+        a Redis blip here must not leave it unstarted (it would cost another one): start it
+        with 2, a lower bound for a reclaimed entry; the cap sees the true count next time."""
+        try:
+            return await self.streams.deliveries(entry.id)
+        except DarkroomError as exc:
+            log.warning("delivery count unknown; starting with a lower bound",
+                        entry_id=entry.id, error=str(exc))  # fmt: skip
+            return 2
 
     async def _run_one(self, entry: Entry, deliveries: int) -> None:
         try:
