@@ -78,7 +78,8 @@ def test_run_drain_exits_non_zero_when_its_final_sweep_fails(file_env: Env) -> N
     read) but may do all the worker's other work: exit 1, saying the drain is incomplete."""
     # a photo committed an hour ago whose XADD never happened: the sweep must look
     lost = (
-        "INSERT INTO photos (id, original_key, updated_at) VALUES ($1, 'x', now() - interval '1h')"
+        "INSERT INTO photos (id, original_key, updated_at, last_activity_at)"
+        " VALUES ($1, 'x', now() - interval '1h', now() - interval '1h')"
     )
     file_env.query(lost, uuid.uuid4())
     user = f"darkroom_{uuid.uuid4().hex[:8]}"
