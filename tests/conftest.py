@@ -164,6 +164,16 @@ class Env:
         self.procs.append(proc)
         return proc
 
+    def kill_workers(self) -> None:
+        """Kill what still runs and close every worker's pipes (read or not)."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+
     def ingest(self, paths: list[Path]) -> list[uuid.UUID]:
         out = self.cli("ingest", *map(str, paths)).stdout.split()
         return [uuid.UUID(line) for line in out]
@@ -179,31 +189,28 @@ class Env:
         return asyncio.run(go())
 
 
-def _env(tmp_path: Path, database_url: str, storage: dict[str, str]) -> Iterator[Env]:
+def env_vars(
+    database_url: str, storage: dict[str, str], redis_url: str = REDIS_URL
+) -> dict[str, str]:
+    """DARKROOM_* settings of one test: its own database and its own stream names."""
     tag = uuid.uuid4().hex[:10]
+    return {
+        "DARKROOM_REDIS_URL": redis_url,
+        "DARKROOM_DATABASE_URL": database_url,
+        "DARKROOM_STREAM": f"{{t{tag}}}:photos",
+        "DARKROOM_DEAD_LETTER_STREAM": f"{{t{tag}}}:dead",
+        "DARKROOM_GROUP": "darkroom",
+        "DARKROOM_CONCURRENCY": "2",
+        "DARKROOM_LOG_FORMAT": "json",
+        **storage,
+    }
+
+
+def _env(tmp_path: Path, database_url: str, storage: dict[str, str]) -> Iterator[Env]:
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
-    env = Env(
-        vars={
-            "DARKROOM_REDIS_URL": REDIS_URL,
-            "DARKROOM_DATABASE_URL": database_url,
-            "DARKROOM_STREAM": f"{{t{tag}}}:photos",
-            "DARKROOM_DEAD_LETTER_STREAM": f"{{t{tag}}}:dead",
-            "DARKROOM_GROUP": "darkroom",
-            "DARKROOM_CONCURRENCY": "2",
-            "DARKROOM_LOG_FORMAT": "json",
-            **storage,
-        },
-        redis=client,
-        tmp=tmp_path,
-    )
+    env = Env(vars=env_vars(database_url, storage), redis=client, tmp=tmp_path)
     yield env
-    for proc in env.procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        for pipe in (proc.stdout, proc.stderr):  # exited unread: close its pipes too
-            if pipe is not None:
-                pipe.close()
+    env.kill_workers()
     client.delete(env.stream, env.dead)
     client.close()
 

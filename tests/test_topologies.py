@@ -19,7 +19,7 @@ from darkroom.errors import SettingsError
 from darkroom.settings import from_env, parse_redis_url
 from darkroom.streams import Streams, connect
 from tests import redis_rig
-from tests.conftest import PHOTOS, Env
+from tests.conftest import PHOTOS, Env, env_vars
 from tests.redis_rig import SERVICE, Servers, wait_until
 
 LANDSCAPES = sorted(PHOTOS.glob("Landscape_*.jpg"))
@@ -50,33 +50,13 @@ def env_for(servers: Servers, tmp_path: Path, database_url: str) -> Iterator[Env
     envs: list[Env] = []
 
     def build(redis_url: str, client: Any) -> Env:
-        tag = uuid.uuid4().hex[:10]
-        envs.append(
-            Env(
-                vars={
-                    "DARKROOM_REDIS_URL": redis_url,
-                    "DARKROOM_DATABASE_URL": database_url,
-                    "DARKROOM_STORAGE_URL": "file:./var/storage",
-                    "DARKROOM_STREAM": f"{{t{tag}}}:photos",
-                    "DARKROOM_DEAD_LETTER_STREAM": f"{{t{tag}}}:dead",
-                    "DARKROOM_GROUP": "darkroom",
-                    "DARKROOM_CONCURRENCY": "2",
-                    "DARKROOM_LOG_FORMAT": "json",
-                },
-                redis=client,
-                tmp=tmp_path,
-            )
-        )
+        storage = {"DARKROOM_STORAGE_URL": "file:./var/storage"}
+        envs.append(Env(env_vars(database_url, storage, redis_url), client, tmp_path))
         return envs[-1]
 
     yield build
-    for proc in (proc for env in envs for proc in env.procs):
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        for pipe in (proc.stdout, proc.stderr):  # exited unread: close its pipes too
-            if pipe is not None:
-                pipe.close()
+    for env in envs:
+        env.kill_workers()
 
 
 def stop(env: Env) -> str:
@@ -306,10 +286,11 @@ async def test_every_stream_command_works_on_each_topology(topology_url: str) ->
         assert [e.id for e in await streams.read_own_pending(10)] == [ids[0], ids[2]]
         await streams.ack(ids[0])
         dead_id = await streams.dead_letter(ids[2], {"photo_id": "2", "error_code": "x"})
-        assert [e.id for e in await streams.dead_letters(10)] == [dead_id]
+        assert [e.id for e in await streams.dead_letter_page("-", 10)] == [dead_id]
         assert await streams.missing(ids) == {ids[0], ids[2]}
-        new_id = await streams.replay(dead_id, {"photo_id": "2"})
-        assert await streams.dead_letters(10) == [] and new_id not in ids
+        new_id = await streams.replay_once(dead_id, {"photo_id": "2"})
+        assert await streams.dead_letter_page("-", 10) == [] and new_id not in ids
+        assert await streams.replay_once(dead_id, {"photo_id": "2"}) is None, "only once"
         status = await streams.status()
         assert (status["length"], status["pending"], status["dead_letters"]) == (3, 1, 0)
         assert {c["name"] for c in status["consumers"]} == {"me", "other"}
@@ -317,7 +298,7 @@ async def test_every_stream_command_works_on_each_topology(topology_url: str) ->
         await other.ack(ids[1])  # the group is gone: a no-op that still deletes the entry
         assert await streams.missing([ids[1]]) == {ids[1]}
         await streams.dead_letter(ids[3], {"photo_id": "3"})
-        assert len(await streams.dead_letters(10)) == 1
+        assert len(await streams.dead_letter_page("-", 10)) == 1
     finally:
         await streams.client.delete(streams.stream)
         await streams.client.delete(streams.dead_stream)

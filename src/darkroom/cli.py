@@ -167,9 +167,7 @@ async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
     async with services(settings, 1) as (pool, streams):
         await streams.ensure_group()
         for photo_id in args.photo_ids:
-            entry_id = await streams.enqueue(task_fields(photo_id))
-            await db.record_requeued(pool, photo_id, entry_id)
-            print(entry_id, flush=True)
+            print(await ops.enqueue_again(pool, streams, photo_id), flush=True)
     return 0
 
 
@@ -223,7 +221,11 @@ async def _leave_group(streams: Streams) -> None:
     if removed is None:
         log.warning("could not leave the consumer group in time; `consumers prune` will")
         return
-    log.info("left the consumer group" if removed else "consumer kept: entries still pending")
+    log.info(
+        "left the consumer group"
+        if removed
+        else "consumer kept: it still holds entries, or is no longer in the group"
+    )
 
 
 async def _run_until_signalled(worker: Worker, drain: bool) -> int:

@@ -82,9 +82,6 @@ class Gate:
         except Exception as exc:  # an error the adapter's table missed: still not healthy
             return DarkroomError(f"probe: {type(exc).__name__}: {exc}", reason="probe_error")
 
-    async def healthy(self, dependency: str) -> bool:
-        return await self.check(dependency) is None
-
     async def wait(self, dependency: str) -> bool:
         """Return once `dependency` passes its probe, or the worker is stopping. True if it
         was down (an outage was waited out), False if the first probe passed."""

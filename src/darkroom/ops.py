@@ -122,6 +122,12 @@ async def retry_photo(pool: db.Pool, streams: Streams, photo_id: uuid.UUID) -> s
     if not await db.reset_failed(pool, photo_id):
         return None
     await streams.ensure_group()
+    return await enqueue_again(pool, streams, photo_id)
+
+
+async def enqueue_again(pool: db.Pool, streams: Streams, photo_id: uuid.UUID) -> str:
+    """XADD an existing photo and remember the entry it now goes through (the sweeper and
+    the owning-entry guards read it); the new entry id."""
     entry_id = await streams.enqueue(task_fields(photo_id))
     await db.record_requeued(pool, photo_id, entry_id)
     return entry_id
@@ -203,9 +209,7 @@ async def cmd_rerender(settings: Settings, args: argparse.Namespace) -> int:
         await streams.ensure_group()
         marked = await db.request_rerender(pool, list(args.photo_ids), args.since)
         for photo_id in marked:
-            entry_id = await streams.enqueue(task_fields(photo_id))
-            await db.record_requeued(pool, photo_id, entry_id)
-            print(photo_id, entry_id, flush=True)
+            print(photo_id, await enqueue_again(pool, streams, photo_id), flush=True)
     left = sorted(set(args.photo_ids) - set(marked))
     for photo_id in left:
         print(f"{photo_id} is not processed; left alone", file=sys.stderr)

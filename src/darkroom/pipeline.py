@@ -129,7 +129,7 @@ def render(data: bytes, specs: Iterable[RenditionSpec], max_pixels: int) -> Rend
     try:
         base, source = _decode(data, fmt, specs[0].size, max_pixels)
         renditions = list(_cascade(base, specs))
-        return RenderResult(_facts(base, source, data), renditions)
+        return RenderResult(_facts(base, source), renditions)
     except DarkroomError:
         raise
     except pyvips.Error as exc:
@@ -142,7 +142,7 @@ def _vips_message(exc: pyvips.Error) -> str:
     return lines[-1][:300] if lines else "libvips could not decode the image"
 
 
-def _facts(base: pyvips.Image, source: Source, data: bytes) -> Facts:
+def _facts(base: pyvips.Image, source: Source) -> Facts:
     small = _small_rgba(base, placeholders.SIDE)
     tiny = _small_rgba(small, placeholders.THUMBHASH_SIDE)
     dominant = placeholders.dominant_color(_pixels(small))

@@ -168,12 +168,6 @@ redis.call('XDEL', KEYS[2], ARGV[3])
 if type(acked) == 'table' and acked.err then return {id, acked.err} end
 return {id, ''}
 """
-# KEYS: work stream, dead stream; ARGV: dead-letter id, field, value, ...
-REPLAY_LUA = """
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
-redis.call('XDEL', KEYS[2], ARGV[1])
-return id
-"""
 
 
 def _flat(fields: dict[str, str]) -> list[str]:
@@ -209,7 +203,7 @@ class Streams:
         self.client, self.stream, self.group, self.consumer = client, stream, group, consumer
         self.dead_stream, self.dead_maxlen = dead_stream, dead_maxlen
         self._cursor = "0-0"
-        self._refresh: Any = None
+        self._scripts: dict[str, Any] = {}
 
     @translated
     async def ensure_group(self) -> None:
@@ -290,36 +284,29 @@ class Streams:
         return bool(await self._refresh_owned([entry_id], str(idle_ms)))
 
     async def _refresh_owned(self, entry_ids: Sequence[str], idle_ms: str) -> set[str]:
-        if self._refresh is None:
-            self._refresh = self.client.register_script(_REFRESH_OWNED)
         args = [self.group, self.consumer, idle_ms, *entry_ids]
-        return {str(i) for i in await self._refresh(keys=[self.stream], args=args)}
+        return {str(i) for i in await self._run(_REFRESH_OWNED, [self.stream], args)}
+
+    async def _run(self, lua: str, keys: list[str], args: Sequence[str | int]) -> Any:
+        """EVALSHA of one of this module's scripts (loaded on first use, and again after a
+        Redis restart: redis-py falls back to EVAL on NOSCRIPT)."""
+        script = self._scripts.get(lua)
+        if script is None:
+            script = self._scripts[lua] = self.client.register_script(lua)
+        return await script(keys=keys, args=list(args))
 
     @translated
     async def ack(self, entry_id: str) -> None:
-        script = self.client.register_script(ACK_LUA)  # hashes the text; no round trip
         with _group_may_be_gone():
-            await script(keys=[self.stream], args=[self.group, entry_id])
+            await self._run(ACK_LUA, [self.stream], [self.group, entry_id])
 
     @translated
     async def dead_letter(self, entry_id: str, fields: dict[str, str]) -> str:
-        script = self.client.register_script(DEAD_LETTER_LUA)
         args: list[str | int] = [self.dead_maxlen, self.group, entry_id, *_flat(fields)]
-        dead_id, error = await script(keys=[self.dead_stream, self.stream], args=args)
+        dead_id, error = await self._run(DEAD_LETTER_LUA, [self.dead_stream, self.stream], args)
         if error and not _no_group(rx.ResponseError(error)):
             raise rx.ResponseError(error)
         return str(dead_id)
-
-    @translated
-    async def dead_letters(self, count: int) -> list[Entry]:
-        return _entries(await self.client.xrange(self.dead_stream, count=count) or [])
-
-    @translated
-    async def replay(self, dead_id: str, fields: dict[str, str]) -> str:
-        """Move one dead letter back to the work stream, atomically (no double replay)."""
-        script = self.client.register_script(REPLAY_LUA)
-        new_id = await script(keys=[self.stream, self.dead_stream], args=[dead_id, *_flat(fields)])
-        return str(new_id)
 
     @translated
     async def oldest_entry_ms(self) -> int | None:
@@ -333,10 +320,7 @@ class Streams:
         sweep page (an XRANGE per id, server-side), not one command per id."""
         if not entry_ids:
             return set()
-        gone: Any = await self.client.register_script(MISSING_LUA)(
-            keys=[self.stream], args=list(entry_ids)
-        )
-        return {str(i) for i in gone}
+        return {str(i) for i in await self._run(MISSING_LUA, [self.stream], entry_ids)}
 
     @translated
     async def pending_count(self) -> int:
@@ -377,9 +361,8 @@ class Streams:
         pending, idle at least `min_idle_ms`) and the delete run as one script: an entry
         delivered to it in between cannot be lost. True if it was removed."""
         try:
-            removed = await self.client.eval(
-                _DELCONSUMER_IF_IDLE, 1, self.stream, self.group, name, str(min_idle_ms)
-            )
+            args: list[str | int] = [self.group, name, min_idle_ms]
+            removed = await self._run(_DELCONSUMER_IF_IDLE, [self.stream], args)
         except rx.ResponseError as exc:
             if _no_group(exc) or "no such key" in str(exc):
                 return False
@@ -402,10 +385,8 @@ class Streams:
         """Move one dead letter back to the work stream only if it is still there, in one
         script: two operators replaying at once (a double click) enqueue it once. The new
         entry id, or None if another replay took the letter first."""
-        flat = [item for pair in fields.items() for item in pair]
-        new_id = await self.client.eval(
-            _REPLAY_IF_PRESENT, 2, self.dead_stream, self.stream, dead_id, *flat
-        )
+        keys = [self.dead_stream, self.stream]
+        new_id = await self._run(_REPLAY_IF_PRESENT, keys, [dead_id, *_flat(fields)])
         return str(new_id) if new_id else None
 
 
