@@ -208,6 +208,7 @@ def test_readme_documents_every_setting_and_error_code() -> None:
         ({"DARKROOM_JOB_TIMEOUT_S": "nan"}, "DARKROOM_JOB_TIMEOUT_S"),
         ({"DARKROOM_DEAD_LETTER_STREAM": "{darkroom}:photos"}, "DARKROOM_DEAD_LETTER_STREAM"),
         ({"DARKROOM_DEAD_LETTER_STREAM": "{other}:dead"}, "DARKROOM_DEAD_LETTER_STREAM"),
+        ({"DARKROOM_CONCURRENCY": "4", "DARKROOM_MAX_IN_FLIGHT": "3"}, "DARKROOM_MAX_IN_FLIGHT"),
     ],
 )
 def test_settings_refuse_non_finite_numbers_and_split_streams(
@@ -217,3 +218,11 @@ def test_settings_refuse_non_finite_numbers_and_split_streams(
     with pytest.raises(SettingsError) as caught:
         from_env(env)
     assert caught.value.variable == variable
+
+
+def test_entries_in_flight_default_to_twice_the_render_slots() -> None:
+    """More entries than render slots are held (the next downloads while others render);
+    DARKROOM_MAX_IN_FLIGHT sets the bound."""
+    assert from_env({"DARKROOM_CONCURRENCY": "3"}).in_flight_bound == 6
+    both = {"DARKROOM_CONCURRENCY": "3", "DARKROOM_MAX_IN_FLIGHT": "4"}
+    assert from_env(both).in_flight_bound == 4
