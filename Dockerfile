@@ -10,7 +10,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /app
-# src/darkroom/schema.sql is a symlink to ../../schema.sql: keep the same layout
+# src/darkroom/store/schema.sql is a symlink to ../../../schema.sql: keep the same layout
 # (/app/schema.sql next to /app/src) so hatchling can follow it into the wheel.
 COPY pyproject.toml README.md schema.sql ./
 COPY src ./src
@@ -18,7 +18,7 @@ COPY src ./src
 # Every dependency ships wheels; there is no compiler here, so an sdist fails loudly.
 RUN pip install --no-cache-dir . \
  && python -c "import importlib.resources as r, pyvips, pi_heif; \
-assert r.files('darkroom').joinpath('schema.sql').is_file(), 'schema.sql not packaged'"
+assert r.files('darkroom.store').joinpath('schema.sql').is_file(), 'schema.sql not packaged'"
 # the start-up self-check on the built-in samples: every format works in this image
 RUN darkroom check
 

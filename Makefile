@@ -9,7 +9,7 @@ IMAGES  = $(filter-out %.md,$(wildcard $(PHOTOS)/*))
 
 PROMTOOL := $(VENV)/bin/promtool
 
-.PHONY: demo test lint typecheck pytest chaos bench bench-encoders services clean
+.PHONY: demo test lint imports typecheck pytest chaos bench bench-encoders services clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,15 +49,18 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 
+imports: $(STAMP)
+	$(BIN)/lint-imports --no-cache
+
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP) services /usr/bin/chromium $(PROMTOOL)
 	$(BIN)/pytest -q
 
-test: lint typecheck pytest
+test: lint imports typecheck pytest
 
-# 3 workers, 520 photos, SIGKILL/SIGSTOP/Redis restart/PG and S3 faults (see README).
+# 3 workers, 520 photos, SIGKILL/SIGSTOP/Redis restart/PG and S3 faults (docs/reliability.md).
 chaos: $(STAMP) services
 	$(BIN)/pytest -m chaos -s tests/chaos
 

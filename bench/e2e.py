@@ -41,7 +41,7 @@ import redis
 from pillow import pillow_render
 from report import ROOT, corpus, machine, write_section
 
-from darkroom.pipeline import render
+from darkroom.image.pipeline import render
 from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 
 SPECS = parse_renditions(DEFAULT_RENDITIONS)

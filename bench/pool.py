@@ -22,7 +22,7 @@ import anyio
 from e2e import tiny_pngs
 from report import corpus, machine, write_section
 
-from darkroom.renderer import RenderPool
+from darkroom.image.renderer import RenderPool
 from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 
 SPECS = parse_renditions(DEFAULT_RENDITIONS)

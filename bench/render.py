@@ -31,7 +31,7 @@ def run_mode(mode: str, concurrency: int, rounds: int) -> dict[str, float]:
     import anyio
     import pyvips
 
-    from darkroom import pipeline
+    from darkroom.image import pipeline
     from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 
     settings, specs = Settings(), list(parse_renditions(DEFAULT_RENDITIONS))
@@ -46,7 +46,7 @@ def run_mode(mode: str, concurrency: int, rounds: int) -> dict[str, float]:
         return pipeline.render(data, specs, settings.max_pixels)
 
     if mode == "processes":
-        from darkroom.renderer import RenderPool
+        from darkroom.image.renderer import RenderPool
 
         child_peak_mb = 0
 

@@ -29,8 +29,9 @@ from typing import Any
 import asyncpg
 import redis.asyncio as redis
 
-from darkroom import db, metrics, sweeper
-from darkroom.streams import Streams
+from darkroom import metrics, sweeper
+from darkroom.queue.streams import Streams
+from darkroom.store import db
 
 BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
 AFTER_S = 300.0

@@ -22,7 +22,7 @@ import boto3
 import pytest
 import redis
 
-from darkroom import db
+from darkroom.store import db
 
 PHOTOS = Path(__file__).parent / "photos"
 PG_BASE = os.environ.get("DARKROOM_TEST_PG", "postgresql://postgres@127.0.0.1:5432")

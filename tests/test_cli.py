@@ -129,3 +129,21 @@ def test_metrics_and_health_endpoints(file_env: Env) -> None:
     worker.send_signal(signal.SIGTERM)
     worker.communicate(timeout=60)
     assert worker.returncode == 0
+
+
+def test_help_says_what_darkroom_is_and_each_command_shows_an_example(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`darkroom --help` describes the service and points to docs/; every command's help
+    ends with an example of its use."""
+    from darkroom.cli import SUBCOMMANDS, main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert "renditions users see" in top and "docs/configuration.md" in top
+    for name in SUBCOMMANDS:
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        example = capsys.readouterr().out.split("example:\n  ")[1]
+        assert f"darkroom {name}" in example

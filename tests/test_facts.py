@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import pyvips
 
-from darkroom import exif, placeholders, thumbhash
+from darkroom.image import exif, placeholders, thumbhash
 from tests.conftest import PHOTOS, Env
 from tests.exifcraft import RATIONAL, ascii_entries, hostile_blocks, tiff, with_exif
 
@@ -300,7 +300,7 @@ def test_check_prints_a_table(file_env: Env) -> None:
 
 BLOCKED_RUN = """
 import sys, pyvips
-from darkroom import pipeline  # configures libvips, then a loader goes missing
+from darkroom.image import pipeline  # configures libvips, then a loader goes missing
 pyvips.operation_block_set("VipsForeignLoadWebp", True)
 from darkroom.cli import main
 sys.exit(main(["run", "--drain"]))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import redis.asyncio
 
-from darkroom.streams import Streams
+from darkroom.queue.streams import Streams
 from tests.conftest import PHOTOS, REDIS_URL, Env
 
 

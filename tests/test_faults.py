@@ -19,7 +19,7 @@ import redis.asyncio
 from redis import exceptions as rx
 from structlog.testing import capture_logs
 
-from darkroom import db, errors, storage, streams
+from darkroom import errors
 from darkroom.errors import (
     DatabaseUnavailableError,
     ObjectForbiddenError,
@@ -27,9 +27,11 @@ from darkroom.errors import (
     StorageUnavailableError,
 )
 from darkroom.health import Gate
-from darkroom.inflight import InFlight
-from darkroom.pacing import Backoff, Throttle
-from darkroom.streams import Streams
+from darkroom.queue import streams
+from darkroom.queue.inflight import InFlight
+from darkroom.queue.pacing import Backoff, Throttle
+from darkroom.queue.streams import Streams
+from darkroom.store import db, storage
 from tests.conftest import AWS_ENV, REDIS_URL, free_port
 from tests.faults import DenyingS3Proxy, FakeClock, pg_admin, spare_redis
 

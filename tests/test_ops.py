@@ -20,10 +20,11 @@ import redis.asyncio as aioredis
 import yaml
 from prometheus_client import REGISTRY
 
-from darkroom import chart, metrics, ops
-from darkroom.progress import Pacer, Progress, parse_rate
-from darkroom.streams import Streams
-from darkroom.web.auth import Auth
+from darkroom import metrics
+from darkroom.operate import chart, ops
+from darkroom.operate.progress import Pacer, Progress, parse_rate
+from darkroom.operate.web.auth import Auth
+from darkroom.queue.streams import Streams
 from tests.conftest import PHOTOS, REDIS_URL, Env, free_port
 
 ROOT = Path(__file__).parents[1]

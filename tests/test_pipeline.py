@@ -1,4 +1,4 @@
-"""Pure tests of `darkroom.pipeline.render`: bytes in, files out."""
+"""Pure tests of `darkroom.image.pipeline.render`: bytes in, files out."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from darkroom.errors import (
     ImageTooLargeError,
     UnsupportedFormatError,
 )
-from darkroom.pipeline import Rendered, RenderResult, render
+from darkroom.image.pipeline import Rendered, RenderResult, render
 from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 from tests.conftest import PHOTOS
 from tests.imagecheck import jpeg_markers, metadata_leaks, webp_chunks

@@ -1,4 +1,4 @@
-"""In-process tests of `darkroom.renderer.RenderPool`: warm processes, their limits and ends."""
+"""In-process tests of `image.renderer.RenderPool`: warm processes, their limits and ends."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from darkroom.errors import (
     RenderOutOfMemoryError,
     RenderTimeoutError,
 )
-from darkroom.pipeline import render
-from darkroom.renderer import RenderPool, vips_threads_for
+from darkroom.image.pipeline import render
+from darkroom.image.renderer import RenderPool, vips_threads_for
 from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 from tests.conftest import PHOTOS
 

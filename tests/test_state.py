@@ -11,8 +11,9 @@ import asyncpg
 import pytest
 import redis.asyncio
 
-from darkroom import db, sweeper
-from darkroom.streams import Streams
+from darkroom import sweeper
+from darkroom.queue.streams import Streams
+from darkroom.store import db
 from tests.conftest import PHOTOS, REDIS_URL, Env
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import pyvips
 
-from darkroom import gif, isobmff, pipeline
 from darkroom.errors import CorruptImageError
-from darkroom.selfcheck import sample
+from darkroom.image import gif, isobmff, pipeline
+from darkroom.image.selfcheck import sample
 from darkroom.settings import parse_renditions
 from tests.conftest import PHOTOS, Env
 from tests.heifcraft import grid

@@ -15,8 +15,9 @@ import asyncpg
 import pytest
 import redis.asyncio
 
-from darkroom import db, metrics, sweeper
-from darkroom.streams import Streams
+from darkroom import metrics, sweeper
+from darkroom.queue.streams import Streams
+from darkroom.store import db
 from tests.conftest import REDIS_URL
 
 FACTS = {"width": 10, "height": 10, "format": "jpeg", "bytes": 1}

@@ -16,8 +16,8 @@ import redis
 import redis.cluster
 
 from darkroom.errors import SettingsError
+from darkroom.queue.streams import Streams, connect
 from darkroom.settings import from_env, parse_redis_url
-from darkroom.streams import Streams, connect
 from tests import redis_rig
 from tests.conftest import PHOTOS, Env, env_vars
 from tests.redis_rig import SERVICE, Servers, wait_until

@@ -25,7 +25,7 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 TOKEN = "test-operator-token-" + uuid.uuid4().hex
-# DARKROOM_TEST_SCREENSHOTS=docs writes the README's screenshots there.
+# DARKROOM_TEST_SCREENSHOTS=docs writes the screenshots of docs/operations.md there.
 SCREENSHOTS = os.environ.get("DARKROOM_TEST_SCREENSHOTS")
 
 

@@ -13,12 +13,13 @@ import pytest
 import redis
 import redis.asyncio
 
-from darkroom import db, sweeper
+from darkroom import sweeper
 from darkroom.errors import InternalError
-from darkroom.messages import Entry, task_fields
+from darkroom.queue.messages import Entry, task_fields
+from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
-from darkroom.storage import FileStorage
-from darkroom.streams import Streams
+from darkroom.store import db
+from darkroom.store.storage import FileStorage
 from darkroom.worker import Worker
 from tests.conftest import REDIS_URL, Env
 from tests.faults import FakeClock

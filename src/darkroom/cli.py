@@ -1,4 +1,4 @@
-"""The `darkroom` command: migrate, ingest, enqueue, run (operator commands: ops.py).
+"""The `darkroom` command line: the worker (`run`), a producer (`ingest`) and operator commands.
 
 The only place that reads argv and the environment and configures logging. Exit codes:
 0 success, 1 a dependency failed, 2 bad settings or usage, 130 stopped by a second signal.
@@ -19,14 +19,17 @@ from typing import Any
 import anyio
 import structlog
 
-from darkroom import __version__, db, metrics, ops, selfcheck, web
+from darkroom import __version__, metrics
 from darkroom.errors import DarkroomError, SettingsError, first_error
 from darkroom.health import DEPENDENCIES
-from darkroom.messages import task_fields
-from darkroom.progress import Progress, parse_rate
+from darkroom.image import selfcheck
+from darkroom.operate import ops, web
+from darkroom.operate.progress import Progress, parse_rate
+from darkroom.queue.messages import task_fields
+from darkroom.queue.streams import Streams
 from darkroom.services import services, storage_for
 from darkroom.settings import Settings, from_env
-from darkroom.streams import Streams
+from darkroom.store import db
 from darkroom.worker import Worker
 
 log = structlog.get_logger("darkroom.cli")
@@ -52,46 +55,152 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+DESCRIPTION = """\
+darkroom turns uploaded photo originals into the renditions users see. Producers store an
+original, insert a `photos` row and XADD its id to a Redis stream; `darkroom run` reads the
+stream through a consumer group, renders with libvips and publishes in PostgreSQL.
+
+Every setting is a DARKROOM_* environment variable (docs/configuration.md); the commands
+are described in docs/operations.md."""
+
+EPILOG = """\
+examples:
+  darkroom migrate && darkroom ingest photo.jpg && darkroom run --drain
+  darkroom COMMAND --help     # what a command does, with an example
+
+exit codes: 0 ok, 1 a dependency failed (the message starts with its error code),
+2 a bad setting or usage, 130 stopped by a second signal."""
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="darkroom", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="darkroom", description=DESCRIPTION, epilog=EPILOG, formatter_class=_Formatter
+    )
     parser.add_argument("--version", action="version", version=f"darkroom {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("migrate", help="create the database if missing and apply schema.sql")
-    ingest = sub.add_parser("ingest", help="store originals, insert photos rows, XADD them")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, example) in SUBCOMMANDS.items():
+        command = sub.add_parser(
+            name, help=help_text, description=help_text, epilog=f"example:\n  {example}",
+            formatter_class=_Formatter,
+        )  # fmt: skip
+        ARGUMENTS.get(name, _no_arguments)(command)
+    return parser
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the paragraphs and examples as written."""
+
+
+SUBCOMMANDS = {
+    "migrate": (
+        "create the database if missing and apply schema.sql (idempotent)",
+        "DARKROOM_DATABASE_URL=postgresql://postgres@db/darkroom darkroom migrate",
+    ),
+    "ingest": (
+        "do what a producer does: store originals, insert photos rows, XADD them",
+        "darkroom ingest ~/Pictures/*.jpg > photo-ids.txt",
+    ),
+    "enqueue": (
+        "XADD existing photos again, or re-render processed ones (--rerender)",
+        "darkroom enqueue --rerender --state processed --since 2026-11-01",
+    ),
+    "check": (
+        "self-check: every format decodes and encodes here; prints a table (exit 2 on failure)",
+        "darkroom check",
+    ),
+    "retry": (
+        "reset processing_failed photos to uploaded and enqueue them",
+        "darkroom retry 0b5c4e2a-6d3f-4c1e-9a57-2f1d8e6b9c30",
+    ),
+    "run": (
+        "run the worker until SIGTERM/SIGINT (or, with --drain, until nothing is left)",
+        "DARKROOM_CONCURRENCY=2 darkroom run",
+    ),
+    "status": (
+        "stream length, group lag, pending, consumers, dead letters, photos by state",
+        "darkroom status --json | jq .photos",
+    ),
+    "photos": (
+        "a table of recent photos and their outcomes",
+        "darkroom photos --state processing_failed --limit 20",
+    ),
+    "dlq": (
+        "list or replay dead letters",
+        "darkroom dlq replay --code storage_unavailable --rate 50/s --dry-run",
+    ),
+    "consumers": (
+        "remove consumers of the group that are idle with nothing pending",
+        "darkroom consumers prune --idle 3600000 --dry-run",
+    ),
+    "web": (
+        "serve the operator's web page (settings DARKROOM_WEB_*)",
+        "DARKROOM_WEB_PORT=8080 darkroom web",
+    ),
+}
+
+
+def _no_arguments(command: argparse.ArgumentParser) -> None:
+    """Commands such as migrate, check and web take no arguments."""
+
+
+def _ingest_arguments(ingest: argparse.ArgumentParser) -> None:
     ingest.add_argument("files", nargs="+", type=Path)
-    enqueue = sub.add_parser("enqueue", help="XADD existing photos again (or re-render them)")
+
+
+def _enqueue_arguments(enqueue: argparse.ArgumentParser) -> None:
     enqueue.add_argument("photo_ids", nargs="*", type=uuid.UUID)
     enqueue.add_argument(
         "--rerender", action="store_true", help="re-render processed photos in place"
     )
     enqueue.add_argument("--state", choices=["processed"], help="with --since: select by state")
     enqueue.add_argument("--since", type=_timestamp, help="with --state processed: processed since")
-    sub.add_parser("check", help="self-check: every format decodes/encodes; prints a table")
-    retry = sub.add_parser("retry", help="reset failed photos to uploaded and enqueue them")
+
+
+def _retry_arguments(retry: argparse.ArgumentParser) -> None:
     retry.add_argument("photo_ids", nargs="+", type=uuid.UUID)
-    run = sub.add_parser("run", help="run the worker until SIGTERM/SIGINT")
+
+
+def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--drain", action="store_true", help="exit 0 once nothing is new or pending")
-    status = sub.add_parser("status", help="stream, group, dead letters and photos by state")
+
+
+def _status_arguments(status: argparse.ArgumentParser) -> None:
     status.add_argument("--json", action="store_true")
-    dlq = sub.add_parser("dlq", help="list or replay dead letters")
+
+
+def _dlq_arguments(dlq: argparse.ArgumentParser) -> None:
     dlq.add_argument("action", choices=["list", "replay"])
     dlq.add_argument("--code", action="append", help="only this error code (repeatable)")
     dlq.add_argument("--limit", type=int, help="at most this many (list: 1000 by default)")
     dlq.add_argument("--dry-run", action="store_true", help="replay: show what would be replayed")
     dlq.add_argument("--json", action="store_true", help="list: one JSON array")
     dlq.add_argument("--rate", type=_rate, help="replay: at most N/s (or N/m)")
-    photos = sub.add_parser("photos", help="a table of recent photos and their outcomes")
+
+
+def _photos_arguments(photos: argparse.ArgumentParser) -> None:
     photos.add_argument(
         "--state", choices=["uploaded", "processing", "processed", "processing_failed"]
     )
     photos.add_argument("--limit", type=int, default=50)
     photos.add_argument("--json", action="store_true")
-    consumers = sub.add_parser("consumers", help="remove idle consumers with nothing pending")
+
+
+def _consumers_arguments(consumers: argparse.ArgumentParser) -> None:
     consumers.add_argument("action", choices=["prune"])
     consumers.add_argument("--idle", type=int, default=ops.IDLE_BOUND_MS, metavar="MS")
     consumers.add_argument("--dry-run", action="store_true")
-    sub.add_parser("web", help="serve the operator's web page (DARKROOM_WEB_*)")
-    return parser
+
+
+ARGUMENTS = {
+    "ingest": _ingest_arguments,
+    "enqueue": _enqueue_arguments,
+    "retry": _retry_arguments,
+    "run": _run_arguments,
+    "status": _status_arguments,
+    "dlq": _dlq_arguments,
+    "photos": _photos_arguments,
+    "consumers": _consumers_arguments,
+}
 
 
 def _rate(text: str) -> float:

@@ -19,7 +19,7 @@ import structlog
 
 from darkroom import metrics
 from darkroom.errors import DarkroomError
-from darkroom.pacing import Backoff, Throttle
+from darkroom.queue.pacing import Backoff, Throttle
 
 log = structlog.get_logger("darkroom.health")
 

@@ -18,7 +18,7 @@ import anyio
 import msgspec
 import structlog
 
-from darkroom import db, metrics, policy
+from darkroom import metrics
 from darkroom.errors import (
     ERROR_CODES,
     AttemptsExhaustedError,
@@ -27,13 +27,15 @@ from darkroom.errors import (
     first_error,
 )
 from darkroom.health import DEPENDENCIES, Gate
-from darkroom.inflight import InFlight
-from darkroom.messages import DeadLetter, Entry, parse_task
-from darkroom.pipeline import RenderResult
-from darkroom.renderer import RenderPool
+from darkroom.image.pipeline import RenderResult
+from darkroom.image.renderer import RenderPool
+from darkroom.queue import policy
+from darkroom.queue.inflight import InFlight
+from darkroom.queue.messages import DeadLetter, Entry, parse_task
+from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
-from darkroom.storage import CONTENT_TYPES, Storage
-from darkroom.streams import Streams
+from darkroom.store import db
+from darkroom.store.storage import CONTENT_TYPES, Storage
 
 log = structlog.get_logger("darkroom.jobs")
 

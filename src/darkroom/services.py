@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Awaitable
 
 import anyio
 
-from darkroom import db
+from darkroom.queue.streams import Streams, connect
 from darkroom.settings import Settings
-from darkroom.storage import Storage, open_storage
-from darkroom.streams import Streams, connect
+from darkroom.store import db
+from darkroom.store.storage import Storage, open_storage
 
 # A stop must end: closing a connection to a server that stopped answering waits forever.
 CLOSE_TIMEOUT_S = 5.0

@@ -14,9 +14,10 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from darkroom import db, metrics
-from darkroom.messages import task_fields
-from darkroom.streams import Streams
+from darkroom import metrics
+from darkroom.queue.messages import task_fields
+from darkroom.queue.streams import Streams
+from darkroom.store import db
 
 SWEEP_LOCK = "darkroom:sweep"
 BATCH = 500

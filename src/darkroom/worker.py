@@ -19,17 +19,18 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
-from darkroom import db, metrics, sweeper
+from darkroom import metrics, sweeper
 from darkroom.errors import DarkroomError
 from darkroom.health import DEPENDENCIES, Clock, Gate, RealClock
-from darkroom.inflight import InFlight
+from darkroom.image.renderer import RenderPool
 from darkroom.jobs import Jobs
-from darkroom.messages import Entry
-from darkroom.pacing import Backoff, Throttle
-from darkroom.renderer import RenderPool
+from darkroom.queue.inflight import InFlight
+from darkroom.queue.messages import Entry
+from darkroom.queue.pacing import Backoff, Throttle
+from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
-from darkroom.storage import Storage
-from darkroom.streams import Streams
+from darkroom.store import db
+from darkroom.store.storage import Storage
 
 log = structlog.get_logger("darkroom.worker")
 

@@ -18,7 +18,7 @@ import anyio
 import asyncpg
 import pytest
 
-from darkroom import db
+from darkroom.store import db
 from tests.chaos import failover
 from tests.chaos.rig import DEAD, Rig
 from tests.chaos.test_chaos import SETTINGS, VALID, missing_objects, settle

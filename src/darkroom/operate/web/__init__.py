@@ -6,6 +6,6 @@ needs the operator token (auth.py). Without a token the page is read-only, and a
 non-loopback host without a token refuses to start. Nothing imports this package but cli.
 """
 
-from darkroom.web.server import cmd_web, create_app
+from darkroom.operate.web.server import cmd_web, create_app
 
 __all__ = ["cmd_web", "create_app"]

@@ -15,13 +15,13 @@ from typing import Any
 import msgspec
 import pyvips
 
-from darkroom import exif, gif, isobmff, placeholders
 from darkroom.errors import (
     CorruptImageError,
     DarkroomError,
     ImageTooLargeError,
     UnsupportedFormatError,
 )
+from darkroom.image import exif, gif, isobmff, placeholders
 from darkroom.settings import RenditionSpec
 
 # libvips loader classes; unblocking a class unblocks its file/buffer/source variants

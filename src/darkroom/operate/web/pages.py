@@ -13,10 +13,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from darkroom import chart, db, metrics, ops
+from darkroom import metrics
 from darkroom.errors import OriginalMissingError, OriginalTooLargeError
-from darkroom.storage import CONTENT_TYPES, Storage
-from darkroom.web.render import Deps, deps, json_response, render
+from darkroom.operate import chart, ops
+from darkroom.operate.web.render import Deps, deps, json_response, render
+from darkroom.store import db
+from darkroom.store.storage import CONTENT_TYPES, Storage
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500

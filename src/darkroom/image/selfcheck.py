@@ -15,7 +15,7 @@ from importlib import resources
 import msgspec
 import pyvips
 
-from darkroom.pipeline import RenderResult, render
+from darkroom.image.pipeline import RenderResult, render
 from darkroom.settings import RenditionSpec
 
 # a tiny sample of each allowed input format; the upright picture is 24×32 px in quadrants:
@@ -40,7 +40,7 @@ class Check(msgspec.Struct, frozen=True):
 
 
 def sample(name: str) -> bytes:
-    return resources.files("darkroom").joinpath("samples", name).read_bytes()
+    return resources.files("darkroom.image").joinpath("samples", name).read_bytes()
 
 
 def run(specs: Iterable[RenditionSpec], max_pixels: int = 10_000) -> list[Check]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 
-from darkroom import thumbhash
+from darkroom.image import thumbhash
 
 SIDE = thumbhash.MAX_SIDE  # the dominant colour's image
 # The ThumbHash's own image, cascaded from that one. A hash holds at most 7 terms along an

@@ -38,7 +38,7 @@ from darkroom.errors import (
     RenderOutOfMemoryError,
     RenderTimeoutError,
 )
-from darkroom.pipeline import RenderResult, render
+from darkroom.image.pipeline import RenderResult, render
 from darkroom.settings import RenditionSpec, Settings
 
 _M_ARENA_MAX = -8  # glibc mallopt parameter
@@ -53,7 +53,7 @@ def _forkserver() -> Any:
     global _context
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(["darkroom.renderer"])
+        _context.set_forkserver_preload(["darkroom.image.renderer"])
     return _context
 
 

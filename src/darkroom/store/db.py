@@ -63,7 +63,7 @@ async def connect(url: str, size: int) -> Pool:
 
 
 def schema_sql() -> str:
-    return resources.files("darkroom").joinpath("schema.sql").read_text()
+    return resources.files("darkroom.store").joinpath("schema.sql").read_text()
 
 
 @translated

@@ -13,10 +13,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from darkroom import ops
-from darkroom.web.auth import COOKIE, Session
-from darkroom.web.pages import photo_or_404
-from darkroom.web.render import deps, json_response, render, set_session_cookie
+from darkroom.operate import ops
+from darkroom.operate.web.auth import COOKIE, Session
+from darkroom.operate.web.pages import photo_or_404
+from darkroom.operate.web.render import deps, json_response, render, set_session_cookie
 
 log = structlog.get_logger("darkroom.web")
 REPLAY_MAX = 1000  # letters replayed per click; the page says when more remain

@@ -13,14 +13,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.templating import Jinja2Templates
 
-from darkroom import db
 from darkroom.errors import DarkroomError
+from darkroom.operate.web.auth import COOKIE, SESSION_MAX_AGE_S, Auth
+from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
-from darkroom.storage import Storage
-from darkroom.streams import Streams
-from darkroom.web.auth import COOKIE, SESSION_MAX_AGE_S, Auth
+from darkroom.store import db
+from darkroom.store.storage import Storage
 
-HERE = resources.files("darkroom.web")
+HERE = resources.files("darkroom.operate.web")
 TEMPLATES = Jinja2Templates(directory=str(HERE / "templates"))
 
 

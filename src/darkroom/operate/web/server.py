@@ -20,11 +20,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from darkroom.errors import DarkroomError
+from darkroom.operate.web import actions, pages
+from darkroom.operate.web.auth import Auth
+from darkroom.operate.web.render import HERE, Deps, on_dependency_error, on_http_error
 from darkroom.services import services, storage_for
 from darkroom.settings import Settings
-from darkroom.web import actions, pages
-from darkroom.web.auth import Auth
-from darkroom.web.render import HERE, Deps, on_dependency_error, on_http_error
 
 log = structlog.get_logger("darkroom.web")
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import msgspec
 
-from darkroom import db
-from darkroom.messages import Entry, task_fields
-from darkroom.progress import Pacer, Progress
+from darkroom.operate.progress import Pacer, Progress
+from darkroom.queue.messages import Entry, task_fields
+from darkroom.queue.streams import Streams
 from darkroom.services import services
 from darkroom.settings import Settings
-from darkroom.streams import Streams
+from darkroom.store import db
 
 # A consumer idle longer than this is marked in `status` and pruned by default (1 h).
 IDLE_BOUND_MS = 3_600_000

@@ -19,7 +19,7 @@ from redis.asyncio.sentinel import Sentinel
 
 from darkroom import errors
 from darkroom.errors import QueueUnavailableError, Rule
-from darkroom.messages import Entry
+from darkroom.queue.messages import Entry
 from darkroom.settings import RedisTarget, parse_redis_url
 
 
