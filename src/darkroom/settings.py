@@ -98,6 +98,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     web_token: str | None = None
     renders_per_process: int = 500
     render_max_rss_mb: int = 256
+    # Sent with every rendition upload: a rendition's key names its content, so it never
+    # changes under its URL (see store/keys.py).
+    cache_control: str = "public, max-age=31536000, immutable"
 
     @property
     def in_flight_bound(self) -> int:
@@ -171,6 +174,13 @@ def _nonempty(raw: str) -> str:
     return raw
 
 
+def _header_value(raw: str) -> str:
+    # Visible ASCII and spaces only: a CR or LF would let a value forge another header.
+    if not raw.strip() or len(raw) > 512 or not all(" " <= c <= "~" for c in raw):
+        raise ValueError("must be 1 to 512 printable ASCII characters (an HTTP header value)")
+    return raw.strip()
+
+
 def _boolean(raw: str) -> bool:
     value = raw.strip().lower()
     if value not in ("true", "false", "1", "0", "yes", "no"):
@@ -210,6 +220,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "web_token": _token,
     "renders_per_process": _positive(int),
     "render_max_rss_mb": _positive(int),
+    "cache_control": _header_value,
 }
 
 

@@ -1,9 +1,10 @@
 """Object storage: one small port, a local-folder backend and an S3 backend (aioboto3).
 
-Keys are relative paths (`originals/<id>/...`, `renditions/<id>/<name>.<ext>`). Backends
-raise OriginalMissingError for an absent object, OriginalTooLargeError past the byte cap,
-ObjectForbiddenError for one object denied while the bucket answers, and
-StorageUnavailableError (an outage) for everything else.
+Keys are relative paths (`originals/<id>/...`, `renditions/<id>/<name>-<hash12>.<ext>`).
+Backends raise OriginalMissingError for an absent object, OriginalTooLargeError past the
+byte cap, ObjectForbiddenError for one object denied while the bucket answers, and
+StorageUnavailableError (an outage) for everything else. `list` pages through a prefix
+and `delete` removes one object (absent is fine): what `darkroom gc` needs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -35,12 +38,33 @@ CONTENT_TYPES = {
 
 
 PROBE_KEY = ".darkroom-probe"
+# Objects per page of `list` (S3's own maximum for ListObjectsV2).
+LIST_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    key: str
+    size: int
+    modified_s: float  # last write, seconds since the epoch (an overwrite renews it)
+
+
+Page = list[StoredObject]
 
 
 class Storage(Protocol):
     async def get(self, key: str, max_bytes: int) -> bytes: ...
 
-    async def put(self, key: str, data: bytes, content_type: str) -> None: ...
+    async def put(
+        self, key: str, data: bytes, content_type: str, cache_control: str | None = None
+    ) -> None:
+        """Write (or overwrite) one object; the local folder keeps no headers."""
+
+    async def delete(self, key: str) -> None:
+        """Remove one object; an absent one is not an error."""
+
+    def list(self, prefix: str) -> AsyncIterator[Page]:
+        """Every object whose key starts with `prefix` (a folder, ending in `/`), by pages."""
 
     async def probe(self) -> None:
         """Raise StorageUnavailableError unless the worker can write and read an object."""
@@ -74,12 +98,32 @@ class FileStorage:
         except OSError as exc:
             raise StorageUnavailableError(f"reading {key}: {exc}") from exc
 
-    async def put(self, key: str, data: bytes, content_type: str) -> None:
+    async def put(
+        self, key: str, data: bytes, content_type: str, cache_control: str | None = None
+    ) -> None:
         """One thread hop per object: mkdir, write a temporary name, rename into place."""
         try:
             await anyio.to_thread.run_sync(_write_file, self._path(key), data)
         except OSError as exc:
             raise StorageUnavailableError(f"writing {key}: {exc}") from exc
+
+    async def delete(self, key: str) -> None:
+        try:
+            await anyio.to_thread.run_sync(_remove_file, self._path(key))
+        except OSError as exc:
+            raise StorageUnavailableError(f"deleting {key}: {exc}") from exc
+
+    async def list(self, prefix: str) -> AsyncIterator[Page]:
+        """The prefix's entries in name order, a few hundred folders per thread hop (a
+        folder per photo), so a large tree is never held in memory at once."""
+        try:
+            top = self._path(prefix.rstrip("/"))
+            names = await anyio.to_thread.run_sync(_sorted_names, top)
+            for start in range(0, len(names), LIST_PAGE // 4):
+                chunk = names[start : start + LIST_PAGE // 4]
+                yield await anyio.to_thread.run_sync(_scan, self._base, top, chunk)
+        except OSError as exc:
+            raise StorageUnavailableError(f"listing {prefix}: {exc}") from exc
 
     async def probe(self) -> None:
         """Write and read back a small object: a read-only or full disk fails it."""
@@ -111,6 +155,35 @@ def _write_file(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def _remove_file(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def _sorted_names(top: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(top))
+    except FileNotFoundError:
+        return []
+
+
+def _scan(base: str, top: Path, names: list[str]) -> Page:
+    """The files under these entries of `top`, with keys relative to the storage folder.
+    A file that vanishes while scanned (deleted, or a temporary name renamed) is skipped."""
+    found: Page = []
+    for name in names:
+        path = top / name
+        walked = os.walk(path) if path.is_dir() else [(str(top), [], [name])]
+        for folder, _, files in walked:
+            for file in sorted(files):
+                full = os.path.join(folder, file)
+                with contextlib.suppress(FileNotFoundError):
+                    stat = os.stat(full)
+                    key = os.path.relpath(full, base).replace(os.sep, "/")
+                    found.append(StoredObject(key, stat.st_size, stat.st_mtime))
+    return found
 
 
 def _s3_code(exc: BaseException) -> str:
@@ -183,14 +256,41 @@ class S3Storage:
                 raise _too_large(key, size, max_bytes)
             return bytes(await body.read())
 
-    async def put(self, key: str, data: bytes, content_type: str) -> None:
+    async def put(
+        self, key: str, data: bytes, content_type: str, cache_control: str | None = None
+    ) -> None:
+        headers = {"CacheControl": cache_control} if cache_control else {}
         try:
             with errors.map_exceptions(self.rules):
-                await self.client.put_object(
-                    Bucket=self.bucket, Key=self._key(key), Body=data, ContentType=content_type
-                )
+                await self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                                             ContentType=content_type, **headers)  # fmt: skip
         except StorageUnavailableError as exc:
             raise await self._denied(key, exc) from exc.__cause__
+
+    async def delete(self, key: str) -> None:
+        """S3 answers 204 for an absent key too."""
+        try:
+            with errors.map_exceptions(self.rules):
+                await self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except StorageUnavailableError as exc:
+            raise await self._denied(key, exc) from exc.__cause__
+
+    async def list(self, prefix: str) -> AsyncIterator[Page]:
+        """ListObjectsV2 pages (keys in UTF-8 binary order), continued by token."""
+        token: dict[str, str] = {}
+        while True:
+            with errors.map_exceptions(self.rules):
+                page = await self.client.list_objects_v2(
+                    Bucket=self.bucket, Prefix=self._key(prefix), MaxKeys=LIST_PAGE, **token
+                )
+            yield [self._listed(item) for item in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return
+            token = {"ContinuationToken": page["NextContinuationToken"]}
+
+    def _listed(self, item: dict[str, Any]) -> StoredObject:
+        key = str(item["Key"]).removeprefix(self.prefix)
+        return StoredObject(key, int(item.get("Size") or 0), item["LastModified"].timestamp())
 
     async def _denied(self, key: str, exc: StorageUnavailableError) -> Exception:
         """A denied object while the bucket probe passes is that photo's own failure; a
