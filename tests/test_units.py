@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from darkroom.errors import (
 from darkroom.queue import policy
 from darkroom.queue.messages import DeadLetter, Entry, parse_task
 from darkroom.settings import RenditionSpec, from_env, parse_renditions
+from darkroom.store import keys
 
 SRC = Path(__file__).parents[1] / "src" / "darkroom"
 
@@ -161,3 +163,71 @@ def test_entries_in_flight_default_to_twice_the_render_slots() -> None:
     assert from_env({"DARKROOM_CONCURRENCY": "3"}).in_flight_bound == 6
     both = {"DARKROOM_CONCURRENCY": "3", "DARKROOM_MAX_IN_FLIGHT": "4"}
     assert from_env(both).in_flight_bound == 4
+
+
+# -- rendition keys and what may be deleted (store/keys.py) ----------------------------------
+
+PHOTO = uuid.UUID("0b5c4e2a-6d3f-4c1e-9a57-2f1d8e6b9c30")
+OLD = f"renditions/{PHOTO}/thumb.webp"  # a key from before content-named keys
+NEW = f"renditions/{PHOTO}/thumb-0123456789ab.webp"
+
+
+def test_rendition_keys_name_their_content() -> None:
+    """A key carries the first 12 hex digits of the bytes' sha256: other bytes, other key."""
+    digest = "0123456789ab" + "f" * 52
+    assert keys.rendition_key(PHOTO, "thumb", "webp", digest) == NEW
+    assert keys.rendition_key(PHOTO, "thumb", "webp", "1" * 64) != NEW
+    assert keys.photo_of(NEW) == keys.photo_of(OLD) == PHOTO
+    for foreign in ("originals/x/y.jpg", "renditions/not-a-uuid/a.webp", f"renditions/{PHOTO}/",
+                    f"renditions/{PHOTO}/deeper/a.webp", ".darkroom-probe"):  # fmt: skip
+        assert keys.photo_of(foreign) is None, foreign
+
+
+def test_a_rerender_deletes_only_the_keys_its_row_stopped_referencing() -> None:
+    """Old fixed keys and renditions no longer configured go; a key kept by identical bytes
+    stays; a first render (no previous renditions) deletes nothing."""
+    unconfigured = f"renditions/{PHOTO}/small-aaaaaaaaaaaa.webp"
+    replaced = keys.keys_of(json.dumps([{"key": OLD}, {"key": NEW}, {"key": unconfigured}]))
+    assert keys.superseded(replaced, [NEW, "renditions/x/large-1.webp"]) == [unconfigured, OLD]
+    assert keys.superseded(keys.keys_of(None), [NEW]) == []
+
+
+def test_nothing_referenced_or_in_progress_is_deletable() -> None:
+    """Under the row lock: never a referenced key, nothing of a photo being processed, and
+    everything of a photo whose row is gone."""
+    held = keys.Held(frozenset({NEW}), busy=False)
+    assert keys.deletable([OLD, NEW], held) == [OLD]
+    assert keys.deletable([OLD], keys.Held(frozenset(), busy=True)) == []
+    assert keys.deletable([OLD, NEW], None) == [NEW, OLD]
+
+
+@pytest.mark.parametrize(
+    ("key", "age_s", "held", "expected"),
+    [
+        (OLD, 7200, keys.Held(frozenset({OLD}), busy=False), "referenced"),
+        (OLD, 7200, keys.Held(frozenset({OLD}), busy=True), "referenced"),
+        (NEW, 7200, keys.Held(frozenset({OLD}), busy=False), "orphan"),
+        (NEW, 7200, None, "orphan"),  # the photo's row was deleted
+        (NEW, 3599, None, "young"),  # maybe an upload whose publish is about to commit
+        (NEW, 7200, keys.Held(frozenset(), busy=True), "busy"),
+        ("renditions/readme.txt", 7200, None, "foreign"),
+    ],
+)
+def test_gc_verdicts(key: str, age_s: float, held: keys.Held | None, expected: str) -> None:
+    """gc deletes only unreferenced rendition objects older than the grace period whose
+    photo is not being processed."""
+    now_s = 1_800_000_000.0
+    assert keys.verdict(now_s - age_s, now_s, 3600, key, held) == expected
+
+
+@pytest.mark.parametrize(
+    "value", ["   ", "public\r\nSet-Cookie: a=b", "max-age=1\x00", "max-age=é", "x" * 513]
+)
+def test_cache_control_must_be_one_header_value(value: str) -> None:
+    """DARKROOM_CACHE_CONTROL refuses a blank value and anything that is not one header
+    value (a CR or LF would forge another header); a plain one is taken as given."""
+    with pytest.raises(SettingsError) as caught:
+        from_env({"DARKROOM_CACHE_CONTROL": value})
+    assert caught.value.variable == "DARKROOM_CACHE_CONTROL"
+    assert from_env({}).cache_control == "public, max-age=31536000, immutable"
+    assert from_env({"DARKROOM_CACHE_CONTROL": "no-cache"}).cache_control == "no-cache"

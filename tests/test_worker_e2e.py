@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Callable
@@ -60,8 +61,9 @@ def check_published(
         files[path.name] = {}
         for r, (_, _, size) in zip(renditions, sorted(EXPECTED, key=lambda e: -e[2]), strict=True):
             ext = "jpg" if r["format"] == "jpeg" else r["format"]
-            assert r["key"] == f"renditions/{photo_id}/{r['name']}.{ext}"
             data = fetch(r["key"])
+            digest = hashlib.sha256(data).hexdigest()[:12]
+            assert r["key"] == f"renditions/{photo_id}/{r['name']}-{digest}.{ext}"
             assert len(data) == r["bytes"] and sniff(data) == r["format"]
             image = pyvips.Image.new_from_buffer(data, "")
             assert (image.width, image.height) == (r["width"], r["height"])
@@ -100,8 +102,11 @@ def test_s3_end_to_end_publishes_every_format(s3_env: Env) -> None:
     files = check_published(s3_env, ids, ALL_PHOTOS, fetch)
     check_landscapes_alike(files)
     check_stream_empty(s3_env)
-    head = client.head_object(Bucket=bucket, Key=f"photos/renditions/{ids[0]}/thumb.webp")
-    assert head["ContentType"] == "image/webp"
+    [row] = s3_env.query("SELECT renditions FROM photos WHERE id = $1", ids[0])
+    for r in json.loads(row["renditions"]):
+        head = client.head_object(Bucket=bucket, Key=f"photos/{r['key']}")
+        assert head["ContentType"] == {"webp": "image/webp", "jpeg": "image/jpeg"}[r["format"]]
+        assert head["CacheControl"] == "public, max-age=31536000, immutable"
 
 
 def test_local_folder_end_to_end(file_env: Env) -> None:

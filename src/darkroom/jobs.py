@@ -2,8 +2,10 @@
 or a recorded retry, or a dead letter.
 
 Ordering hazards: the ack comes only after the publishing commit; a final failure is
-one SQL statement and then one Redis script (dead letter + ack + delete). A dependency
-outage is waited out in place (health.Gate), so it costs the photo no attempt.
+one SQL statement and then one Redis script (dead letter + ack + delete). Renditions go
+to new keys (named by their content) and the renditions a re-render replaced are deleted
+only after its commit. A dependency outage is waited out in place (health.Gate), so it
+costs the photo no attempt.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import DeadLetter, Entry, parse_task
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
-from darkroom.store import db
+from darkroom.store import db, keys
 from darkroom.store.storage import CONTENT_TYPES, Storage
 
 log = structlog.get_logger("darkroom.jobs")
@@ -50,10 +52,6 @@ RECORD_DEADLINE_S = 20.0
 def sha256_hex(data: bytes) -> str:
     """The original's checksum, of exactly the bytes downloaded (hashlib frees the GIL)."""
     return hashlib.sha256(data).hexdigest()
-
-
-def rendition_key(photo_id: uuid.UUID, name: str, ext: str) -> str:
-    return f"renditions/{photo_id}/{name}.{ext}"
 
 
 class LeftPending(Exception):
@@ -136,8 +134,14 @@ class Jobs:
         facts = result.facts.row(len(original), keep_location=self.settings.keep_location)
         facts["original_sha256"] = await anyio.to_thread.run_sync(sha256_hex, original)
         with metrics.STAGE_SECONDS.labels("publish").time():
-            published = await db.publish(self.pool, task.photo_id, facts, renditions)
-        return "published" if published else "already"
+            replaced = await db.publish(
+                self.pool, task.photo_id, facts, msgspec.json.encode(renditions).decode()
+            )
+        if replaced is None:
+            return "already"
+        current = [r["key"] for r in renditions]
+        await self._delete_superseded(task.photo_id, keys.superseded(replaced, current))
+        return "published"
 
     async def _past_the_cap(self, photo_id: uuid.UUID, deliveries: int) -> None:
         """Checked before any work, so a photo that kills its worker cannot loop. A photo
@@ -164,20 +168,37 @@ class Jobs:
         await self._write_dead_letter(entry, deliveries, code, claim.last_error or "", stage)
         return "failed"
 
-    async def _upload(self, photo_id: uuid.UUID, result: RenderResult) -> str:
+    async def _upload(self, photo_id: uuid.UUID, result: RenderResult) -> list[dict[str, Any]]:
+        """Each rendition under a new key named by its content, beside the live ones: a
+        half-done upload changes nothing a reader sees (the row still names the old keys)."""
         described: list[dict[str, Any]] = []
         try:
             async with anyio.create_task_group() as uploads:
                 for r in result.renditions:
-                    key = rendition_key(photo_id, r.name, r.ext)
-                    uploads.start_soon(self.storage.put, key, r.data, CONTENT_TYPES[r.format])
+                    key = keys.rendition_key(photo_id, r.name, r.ext, r.sha256)
+                    uploads.start_soon(self.storage.put, key, r.data, CONTENT_TYPES[r.format],
+                                       self.settings.cache_control)  # fmt: skip
                     described.append(
                         {"name": r.name, "format": r.format, "key": key, "width": r.width,
                          "height": r.height, "bytes": len(r.data)}
                     )  # fmt: skip
         except ExceptionGroup as group:
             raise first_error(group) from group
-        return msgspec.json.encode(described).decode()
+        return described
+
+    async def _delete_superseded(self, photo_id: uuid.UUID, candidates: list[str]) -> None:
+        """After the commit, best effort: the photo is published, so a failure here only
+        leaves objects for `darkroom gc` (never an error for the photo). Under the photo's
+        row lock: no other delivery can claim it and commit these keys meanwhile."""
+        if not candidates:
+            return
+        try:
+            async with db.hold_photo(self.pool, photo_id) as held:
+                for key in keys.deletable(candidates, held):
+                    await self.storage.delete(key)
+        except DarkroomError as exc:
+            log.warning("superseded renditions left for `darkroom gc`", photo_id=str(photo_id),
+                        keys=candidates, error_code=exc.code, error=str(exc))  # fmt: skip
 
     async def _fail(self, entry: Entry, deliveries: int, exc: DarkroomError, bound: Any) -> None:
         decision = policy.decide(

@@ -8,6 +8,7 @@ other size cascaded from it. Outputs are upright, 8-bit sRGB, with no metadata a
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Iterable
 from typing import Any
@@ -79,6 +80,7 @@ class Rendered(msgspec.Struct, frozen=True):
     width: int
     height: int
     data: bytes
+    sha256: str  # of `data`, hashed here in the render process (names its storage key)
 
 
 class RenderResult(msgspec.Struct, frozen=True):
@@ -298,9 +300,9 @@ def _cascade(base: pyvips.Image, specs: list[RenditionSpec]) -> Iterable[Rendere
         if max(current.width, current.height) > spec.size:
             current = current.thumbnail_image(spec.size, height=spec.size, size="down")
             current = current.copy_memory()
-        yield Rendered(
-            spec.name, spec.format, spec.ext, current.width, current.height, _save(current, spec)
-        )
+        data = _save(current, spec)
+        yield Rendered(spec.name, spec.format, spec.ext, current.width, current.height, data,
+                       hashlib.sha256(data).hexdigest())  # fmt: skip
 
 
 def _save(image: pyvips.Image, spec: RenditionSpec) -> bytes:

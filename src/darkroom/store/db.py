@@ -23,6 +23,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from darkroom import errors
 from darkroom.errors import DatabaseUnavailableError, InternalError, Rule
+from darkroom.store import keys
 
 Pool = asyncpg.Pool
 Connection = PoolConnectionProxy
@@ -189,9 +190,13 @@ async def claim(pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str) -
 
 # A first render moves `processing` → `processed` and publishes. A re-render (a processed
 # photo with a request) replaces renditions and facts in place: the photo stays processed,
-# keeps its visibility and `processed_at`, and gets `rerendered_at`.
+# keeps its visibility and `processed_at`, and gets `rerendered_at`. `old` locks the row
+# first, so `replaced` is exactly the renditions value this commit switched away from
+# (the caller deletes the keys it no longer references, after the commit).
 PUBLISH_SQL = """
-WITH photo AS (
+WITH old AS (
+    SELECT id, renditions FROM photos WHERE id = $1 FOR UPDATE
+), photo AS (
     UPDATE photos SET processing_state = 'processed',
         visibility = CASE WHEN processing_state = 'processed' THEN visibility
                           ELSE 'published' END,
@@ -205,25 +210,28 @@ WITH photo AS (
         rerender_requested_at = NULL,
         error_code = NULL, processed_at = coalesce(processed_at, now()), updated_at = now(),
         last_activity_at = now()
-    WHERE id = $1 AND (processing_state = 'processing'
-                       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
-    RETURNING id
+    FROM old
+    WHERE photos.id = old.id
+      AND (processing_state = 'processing'
+           OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
+    RETURNING photos.id, old.renditions AS replaced
 ), job AS (
     UPDATE photo_jobs SET state = 'done', error_code = NULL, last_error = NULL,
         next_retry_at = NULL, finished_at = now(), updated_at = now()
     WHERE photo_id IN (SELECT id FROM photo) AND type = 'process'
 )
-SELECT count(*) FROM photo
+SELECT count(*) AS published, min(replaced::text) AS replaced FROM photo
 """
 
 
 @translated
 async def publish(
     pool: Pool, photo_id: uuid.UUID, facts: dict[str, Any], renditions_json: str
-) -> bool:
-    """Publish in one transaction, only from `processing`: False if another delivery got
-    there first (published it, or recorded its final failure)."""
-    published = await pool.fetchval(
+) -> list[str] | None:
+    """Publish in one transaction, only from `processing` (or a requested re-render): the
+    keys of the renditions it replaced (none on a first render), or None if another
+    delivery got there first (published it, or recorded its final failure)."""
+    row = await pool.fetchrow(
         PUBLISH_SQL,
         photo_id,
         *(facts[k] for k in ("width", "height", "format", "bytes")),
@@ -232,7 +240,9 @@ async def publish(
         json.dumps(facts["exposure"]) if facts.get("exposure") else None,
         *(facts.get(k) for k in FACT_COLUMNS[6:]),
     )
-    return bool(published)
+    if row is None or not row["published"]:
+        return None
+    return keys.keys_of(row["replaced"])
 
 
 # the facts columns, in PUBLISH_SQL's parameter order ($7 onwards)
@@ -537,6 +547,40 @@ RETURNING photo_id
 async def reset_failed(pool: Pool, photo_id: uuid.UUID) -> bool:
     """Operator retry: a failed photo becomes `uploaded` again (its attempt count goes on)."""
     return await pool.fetchval(RESET_SQL, photo_id) is not None
+
+
+# -- rendition objects no row references (the delete after a re-render, `darkroom gc`) ----
+
+# The keys each photo's row references, and whether a delivery is working on it.
+HELD_SQL = """
+SELECT p.id,
+       coalesce((SELECT array_agg(r->>'key') FROM jsonb_array_elements(p.renditions) r),
+                '{}') AS keys,
+       coalesce(j.state = 'active', false) AS busy
+FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
+WHERE p.id = ANY($1::uuid[])
+"""
+
+
+def _held(row: Any) -> keys.Held:
+    return keys.Held(frozenset(row["keys"]), bool(row["busy"]))
+
+
+@translated
+async def held_photos(pool: Pool, photo_ids: list[uuid.UUID]) -> dict[uuid.UUID, keys.Held]:
+    """A first look, without locks (a photo absent here has no row)."""
+    return {row["id"]: _held(row) for row in await pool.fetch(HELD_SQL, photo_ids)}
+
+
+@contextlib.asynccontextmanager
+async def hold_photo(pool: Pool, photo_id: uuid.UUID) -> AsyncIterator[keys.Held | None]:
+    """The photo read under its row lock, held until the block ends (None: no such row).
+    A claim or a publish of this photo waits for the block, so what is deleted inside it
+    cannot be claimed, re-uploaded and committed in between."""
+    with errors.map_exceptions(ERRORS):
+        async with pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(HELD_SQL + " FOR UPDATE OF p", [photo_id])
+            yield _held(row) if row is not None else None
 
 
 # -- the operator's web page (issue 9) -------------------------------------------------------
