@@ -23,7 +23,7 @@ from darkroom import __version__, metrics
 from darkroom.errors import DarkroomError, SettingsError, first_error
 from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
-from darkroom.operate import ops, web
+from darkroom.operate import gc, ops, web
 from darkroom.operate.progress import Progress, parse_rate
 from darkroom.queue.messages import task_fields
 from darkroom.queue.streams import Streams
@@ -132,6 +132,10 @@ SUBCOMMANDS = {
         "remove consumers of the group that are idle with nothing pending",
         "darkroom consumers prune --idle 3600000 --dry-run",
     ),
+    "gc": (
+        "delete rendition objects no photo references, older than a grace period (1 h)",
+        "darkroom gc --dry-run --older-than 86400",
+    ),
     "web": (
         "serve the operator's web page (settings DARKROOM_WEB_*)",
         "DARKROOM_WEB_PORT=8080 darkroom web",
@@ -191,6 +195,15 @@ def _consumers_arguments(consumers: argparse.ArgumentParser) -> None:
     consumers.add_argument("--dry-run", action="store_true")
 
 
+def _gc_arguments(collect: argparse.ArgumentParser) -> None:
+    collect.add_argument("--dry-run", action="store_true", help="list what would be deleted")
+    collect.add_argument(
+        "--older-than", type=_grace, default=gc.GRACE_S, metavar="SECONDS",
+        help=f"only objects written this long ago (default {gc.GRACE_S:g}, at least "
+        f"{gc.MIN_GRACE_S:g}: a younger one may be an upload about to be published)",
+    )  # fmt: skip
+
+
 ARGUMENTS = {
     "ingest": _ingest_arguments,
     "enqueue": _enqueue_arguments,
@@ -200,6 +213,7 @@ ARGUMENTS = {
     "dlq": _dlq_arguments,
     "photos": _photos_arguments,
     "consumers": _consumers_arguments,
+    "gc": _gc_arguments,
 }
 
 
@@ -208,6 +222,16 @@ def _rate(text: str) -> float:
         return parse_rate(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _grace(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not seconds >= gc.MIN_GRACE_S:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be at least {gc.MIN_GRACE_S:g} seconds")
+    return seconds
 
 
 def _configure_logging(settings: Settings) -> None:
@@ -379,5 +403,6 @@ COMMANDS = {
     "dlq": ops.cmd_dlq,
     "retry": ops.cmd_retry,
     "consumers": ops.cmd_consumers,
+    "gc": gc.cmd_gc,
     "web": web.cmd_web,
 }
