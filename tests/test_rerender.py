@@ -13,7 +13,7 @@ import shutil
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,52 @@ def referenced(env: Env, photo_id: uuid.UUID) -> set[str]:
 
 def log_lines(stderr: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+
+
+# -- storage: list and delete -----------------------------------------------------------------
+
+
+@pytest.fixture(params=["s3", "file"])
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[storage.Storage]:
+    for name, value in AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+    if request.param == "s3":
+        endpoint = request.getfixturevalue("s3_endpoint")
+        bucket = request.getfixturevalue("s3_bucket")
+        opened = await storage.open_storage(f"s3://{bucket}/p", endpoint)
+    else:
+        opened = await storage.open_storage(f"file:{tmp_path}/storage")
+    yield opened
+    await opened.aclose()
+
+
+async def test_storage_lists_a_prefix_page_by_page_and_deletes(
+    store: storage.Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`list` pages through every object under a prefix (S3 continuation tokens, local
+    folders) with sizes and write times, and nothing outside it; `delete` removes one
+    object, and deleting an absent one is not an error."""
+    monkeypatch.setattr(storage, "LIST_PAGE", 3)
+    monkeypatch.setattr(storage, "LIST_FOLDERS", 2)
+    written = {f"renditions/{uuid.UUID(int=n)}/thumb-{n}.webp": b"x" * n for n in range(1, 8)}
+    for key, data in written.items():
+        await store.put(key, data, "image/webp", "public, max-age=60")
+    await store.put("originals/a/b.jpg", b"original", "image/jpeg")
+    pages = [page async for page in store.list("renditions/")]
+    assert len(pages) > 2, "more than one page"
+    listed = {obj.key: obj for page in pages for obj in page}
+    assert {key: obj.size for key, obj in listed.items()} == {k: len(v) for k, v in written.items()}
+    assert all(abs(obj.modified_s - time.time()) < 60 for obj in listed.values())
+    gone = next(iter(written))
+    await store.delete(gone)
+    await store.delete(gone)
+    await store.delete("renditions/never/there.webp")
+    assert {obj.key async for page in store.list("renditions/") for obj in page} == set(written) - {
+        gone
+    }
+    assert [page async for page in store.list("nothing-here/")] in ([], [[]])
 
 
 # -- S3 (moto server) ----------------------------------------------------------------------

@@ -38,8 +38,10 @@ CONTENT_TYPES = {
 
 
 PROBE_KEY = ".darkroom-probe"
-# Objects per page of `list` (S3's own maximum for ListObjectsV2).
+# Objects per page of `list` on S3 (its own maximum for ListObjectsV2), and folders (one
+# per photo) per page in the local folder.
 LIST_PAGE = 1000
+LIST_FOLDERS = 250
 
 
 @dataclass(frozen=True)
@@ -114,13 +116,13 @@ class FileStorage:
             raise StorageUnavailableError(f"deleting {key}: {exc}") from exc
 
     async def list(self, prefix: str) -> AsyncIterator[Page]:
-        """The prefix's entries in name order, a few hundred folders per thread hop (a
-        folder per photo), so a large tree is never held in memory at once."""
+        """The prefix's entries in name order, a few hundred folders (one per photo) per
+        thread hop: of a large tree only the folder names are held at once."""
         try:
             top = self._path(prefix.rstrip("/"))
             names = await anyio.to_thread.run_sync(_sorted_names, top)
-            for start in range(0, len(names), LIST_PAGE // 4):
-                chunk = names[start : start + LIST_PAGE // 4]
+            for start in range(0, len(names), LIST_FOLDERS):
+                chunk = names[start : start + LIST_FOLDERS]
                 yield await anyio.to_thread.run_sync(_scan, self._base, top, chunk)
         except OSError as exc:
             raise StorageUnavailableError(f"listing {prefix}: {exc}") from exc
