@@ -197,7 +197,7 @@ class Jobs:
                 for key in keys.deletable(candidates, held):
                     await self.storage.delete(key)
         except DarkroomError as exc:
-            log.warning("superseded renditions left for `darkroom gc`", photo_id=str(photo_id),
+            log.warning("superseded renditions left for darkroom gc", photo_id=str(photo_id),
                         keys=candidates, error_code=exc.code, error=str(exc))  # fmt: skip
 
     async def _fail(self, entry: Entry, deliveries: int, exc: DarkroomError, bound: Any) -> None:
