@@ -64,12 +64,16 @@ def spare_redis(tmp: Path) -> Iterator[int]:
 
 class DenyingS3Proxy:
     """Forwards HTTP to an S3 endpoint; `deny(predicate)` answers 403 AccessDenied (S3's
-    own XML) to every request the predicate picks, as a revoked key or bucket policy does."""
+    own XML) to every request the predicate picks, as a revoked key or bucket policy does;
+    `hold(predicate)` keeps the requests it picks unanswered (a stalled upload) until
+    `release()`, which answers them 503 without forwarding them."""
 
     def __init__(self, upstream: str) -> None:
         host, port = upstream.removeprefix("http://").split(":")
         self.denies: Callable[[str, str], bool] = lambda method, path: False
-        self.denied = 0
+        self.holds: Callable[[str, str], bool] = lambda method, path: False
+        self.denied = self.held = 0
+        self.released = threading.Event()
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -83,6 +87,11 @@ class DenyingS3Proxy:
                 if proxy.denies(self.command, self.path):
                     proxy.denied += 1
                     self._answer(403, {"Content-Type": "application/xml"}, DENIED_XML)
+                    return
+                if proxy.holds(self.command, self.path):
+                    proxy.held += 1
+                    proxy.released.wait(120)
+                    self._answer(503, {}, b"")
                     return
                 conn = http.client.HTTPConnection(host, int(port), timeout=30)
                 conn.request(self.command, self.path, body, dict(self.headers))
@@ -113,7 +122,15 @@ class DenyingS3Proxy:
     def deny(self, predicate: Callable[[str, str], bool]) -> None:
         self.denies = predicate
 
+    def hold(self, predicate: Callable[[str, str], bool]) -> None:
+        self.holds = predicate
+
+    def release(self) -> None:
+        self.holds = lambda method, path: False
+        self.released.set()
+
     def close(self) -> None:
+        self.release()
         self.server.shutdown()
         self.server.server_close()
 

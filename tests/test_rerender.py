@@ -165,6 +165,41 @@ def test_s3_rerender_denied_half_way_changes_nothing_readers_see(
         assert bucket.head(key)["CacheControl"] == "public, max-age=600"
 
 
+def test_s3_rerender_killed_half_way_changes_nothing_and_its_redelivery_leaves_no_orphan(
+    s3_env: Env, proxy: DenyingS3Proxy
+) -> None:
+    """A worker SIGKILLed while its re-render's 3rd upload is stalled: the row and the bytes
+    under its keys stay as they were; the entry is taken back, rendered again to the same
+    keys and published, and the bucket then holds exactly the new keys."""
+    bucket = Bucket(s3_env)
+    [photo_id] = s3_env.ingest([PHOTO])
+    s3_env.cli("run", "--drain")
+    before = row(s3_env, photo_id)
+    live = {key: bucket.read(key) for key in referenced(s3_env, photo_id)}
+    uploads = itertools.count()
+    proxy.hold(lambda method, path: method == "PUT" and "/renditions/" in path
+               and next(uploads) >= 2)  # fmt: skip
+    s3_env.cli("enqueue", "--rerender", str(photo_id))
+    worker = s3_env.start("run", DARKROOM_S3_ENDPOINT_URL=proxy.url,
+                          DARKROOM_RENDITIONS=OTHER_QUALITY)  # fmt: skip
+    deadline = time.monotonic() + 90
+    while proxy.held == 0:
+        assert time.monotonic() < deadline and worker.poll() is None, "no upload stalled"
+        time.sleep(0.05)
+    worker.kill()
+    worker.communicate(timeout=30)
+    proxy.release()
+    after = row(s3_env, photo_id)
+    assert {c: after[c] for c in ROW} == {c: before[c] for c in ROW}
+    assert {key: bucket.read(key) for key in live} == live
+    [job] = s3_env.query("SELECT state FROM photo_jobs WHERE photo_id = $1", photo_id)
+    assert job["state"] == "active", "the killed delivery still holds the photo (gc skips it)"
+    s3_env.cli("run", "--drain", DARKROOM_RENDITIONS=OTHER_QUALITY, DARKROOM_CLAIM_IDLE_MS="1000")
+    new = referenced(s3_env, photo_id)
+    assert row(s3_env, photo_id)["rerendered_at"] is not None and not new & set(live)
+    assert bucket.keys(photo_id) == new
+
+
 def run_gc(env: Env, now_s: float, dry_run: bool) -> tuple[Counter[str], list[str]]:
     """`gc.collect` in-process against the test's database and bucket, at a chosen time."""
 
