@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ async def test_a_stale_worker_cannot_publish_a_failed_photo(store: Store) -> Non
     assert (await db.claim(store.pool, photo_id, "1-0", "w1")).outcome == "claimed"
     assert (await db.claim(store.pool, photo_id, "1-0", "w2")).attempt == 2
     assert await db.record_failure(store.pool, photo_id, "1-0", "timeout", "slow")
-    assert not await db.publish(store.pool, photo_id, FACTS, "[]")
+    assert await db.publish(store.pool, photo_id, FACTS, "[]") is None
     assert not await db.record_failure(store.pool, photo_id, "1-0", "storage_unavailable", "late")
     code = await store.pool.fetchval("SELECT error_code FROM photos WHERE id = $1", photo_id)
     assert code == "timeout", "a late failure of another delivery does not rewrite the code"
@@ -93,13 +94,30 @@ async def test_publish_happens_once_and_keeps_processed_at(store: Store) -> None
     """Two publishes of one claim: the second is refused, processed_at is kept."""
     photo_id = await new_photo(store.pool)
     await db.claim(store.pool, photo_id, "1-0", "w1")
-    assert await db.publish(store.pool, photo_id, FACTS, "[]")
+    assert await db.publish(store.pool, photo_id, FACTS, "[]") == [], "it replaced nothing"
     first = await store.pool.fetchval("SELECT processed_at FROM photos WHERE id = $1", photo_id)
-    assert not await db.publish(store.pool, photo_id, FACTS, "[]")
+    assert await db.publish(store.pool, photo_id, FACTS, "[]") is None
     claim = await db.claim(store.pool, photo_id, "2-0", "w2")
     assert (claim.outcome, claim.state) == ("already", "processed")
     again = await store.pool.fetchval("SELECT processed_at FROM photos WHERE id = $1", photo_id)
     assert again == first
+
+
+async def test_a_rerender_publish_returns_the_keys_it_replaced(store: Store) -> None:
+    """A re-render's publish switches the row to the new keys and returns the old ones (to
+    delete after the commit); a duplicate publish of it is refused and returns nothing."""
+    photo_id = await new_photo(store.pool)
+    await db.claim(store.pool, photo_id, "1-0", "w1")
+    old = [{"key": "renditions/x/thumb.webp"}, {"key": "renditions/x/large-1.webp"}]
+    await db.publish(store.pool, photo_id, FACTS, json.dumps(old))
+    assert await db.request_rerender(store.pool, [photo_id], None) == [photo_id]
+    assert (await db.claim(store.pool, photo_id, "2-0", "w1")).outcome == "claimed"
+    new = json.dumps([{"key": "renditions/x/large-1.webp"}, {"key": "renditions/x/thumb-2.webp"}])
+    replaced = await db.publish(store.pool, photo_id, FACTS, new)
+    assert replaced == ["renditions/x/thumb.webp", "renditions/x/large-1.webp"]
+    assert await db.publish(store.pool, photo_id, FACTS, new) is None
+    row = await store.pool.fetchval("SELECT renditions::text FROM photos WHERE id = $1", photo_id)
+    assert json.loads(row) == json.loads(new)
 
 
 async def test_sweep_pages_through_every_lost_photo(
