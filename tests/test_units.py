@@ -18,6 +18,7 @@ from darkroom.errors import (
     SettingsError,
     StorageUnavailableError,
 )
+from darkroom.operate.web.auth import Auth
 from darkroom.queue import policy
 from darkroom.queue.messages import DeadLetter, Entry, parse_task
 from darkroom.settings import RenditionSpec, from_env, parse_renditions
@@ -161,3 +162,18 @@ def test_entries_in_flight_default_to_twice_the_render_slots() -> None:
     assert from_env({"DARKROOM_CONCURRENCY": "3"}).in_flight_bound == 6
     both = {"DARKROOM_CONCURRENCY": "3", "DARKROOM_MAX_IN_FLIGHT": "4"}
     assert from_env(both).in_flight_bound == 4
+
+
+def test_a_non_ascii_cookie_csrf_or_token_is_a_mismatch_not_an_error() -> None:
+    """A cookie, CSRF field or token holding non-ASCII text (a Latin-1 byte) is simply not
+    ours: no session, no match, never an exception (a 500 on every page)."""
+    auth = Auth("x" * 32)
+    session, cookie = auth.new_session(operator=True)
+    assert auth.read_session(cookie) == session
+    nonce, operator, issued, signature = cookie.split(".")
+    for forged in (f"{nonce}.{operator}.{issued}.\u00e9", f"\u00e9.1.{issued}.{signature}",
+                   f"{nonce}.1.\u00b2.{signature}", "\udce9.1.1.x"):  # fmt: skip
+        assert auth.read_session(forged) is None
+    assert not auth.csrf_ok(session, "\u00e9" + auth.csrf_token(session)[1:])
+    assert auth.csrf_ok(session, auth.csrf_token(session))
+    assert not auth.token_matches("\u00e9" * 32) and auth.bearer("Bearer \u00e9") == "wrong"
