@@ -53,7 +53,8 @@ def _too_large(key: str, size: int, max_bytes: int) -> OriginalTooLargeError:
 
 
 class FileStorage:
-    """A local folder; writes go to a temporary name and are renamed into place."""
+    """A local folder; writes go to a temporary name in the same folder, fsynced, renamed
+    into place, and the folder fsynced: a put that returned survives a power cut."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -75,7 +76,8 @@ class FileStorage:
             raise StorageUnavailableError(f"reading {key}: {exc}") from exc
 
     async def put(self, key: str, data: bytes, content_type: str) -> None:
-        """One thread hop per object: mkdir, write a temporary name, rename into place."""
+        """One thread hop per object: mkdir, write and fsync a temporary name, rename it
+        into place, fsync the folder."""
         try:
             await anyio.to_thread.run_sync(_write_file, self._path(key), data)
         except OSError as exc:
@@ -102,15 +104,42 @@ def _read_file(path: Path, key: str, max_bytes: int) -> bytes:
 
 
 def _write_file(path: Path, data: bytes) -> None:
+    # Ordering: the bytes are on disk before the rename publishes the name, and the name
+    # is on disk (folder fsynced) before put returns, so before the publishing commit.
+    _make_folders(path.parent)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    _fsync_folder(path.parent)
+
+
+def _make_folders(folder: Path) -> None:
+    """mkdir -p, fsyncing the parent of each folder it creates (a new name is an entry
+    in its parent, lost in a power cut until the parent is synced)."""
+    missing: list[Path] = []
+    while not folder.is_dir():
+        missing.append(folder)
+        folder = folder.parent
+    for new in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another put made it meanwhile
+            new.mkdir()
+        _fsync_folder(new.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _s3_code(exc: BaseException) -> str:
