@@ -177,3 +177,13 @@ def test_a_non_ascii_cookie_csrf_or_token_is_a_mismatch_not_an_error() -> None:
     assert not auth.csrf_ok(session, "\u00e9" + auth.csrf_token(session)[1:])
     assert auth.csrf_ok(session, auth.csrf_token(session))
     assert not auth.token_matches("\u00e9" * 32) and auth.bearer("Bearer \u00e9") == "wrong"
+
+
+def test_the_storage_probe_key_stays_inside_the_storage() -> None:
+    """The probe writes inside renditions/ by default; a key that is absolute, climbs out
+    with .., or names a folder is refused."""
+    assert from_env({}).storage_probe_key == "renditions/.darkroom-probe"
+    for bad in ("/etc/probe", "renditions/../../probe", "renditions/", " probe"):
+        with pytest.raises(SettingsError) as caught:
+            from_env({"DARKROOM_STORAGE_PROBE_KEY": bad})
+        assert caught.value.variable == "DARKROOM_STORAGE_PROBE_KEY"

@@ -60,6 +60,9 @@ def parse_renditions(text: str) -> tuple[RenditionSpec, ...]:
     return tuple(specs)
 
 
+DEFAULT_PROBE_KEY = "renditions/.darkroom-probe"
+
+
 def default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -98,6 +101,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     web_token: str | None = None
     renders_per_process: int = 500
     render_max_rss_mb: int = 256
+    # Inside a prefix the worker writes anyway, so a least-privilege policy allows it.
+    storage_probe_key: str = DEFAULT_PROBE_KEY
 
     @property
     def in_flight_bound(self) -> int:
@@ -165,6 +170,13 @@ def _token(raw: str) -> str:
     return raw
 
 
+def _probe_key(raw: str) -> str:
+    """A key relative to the storage root: a folder or a prefix the worker writes."""
+    if raw != raw.strip() or raw.startswith("/") or ".." in raw.split("/") or raw.endswith("/"):
+        raise ValueError("must be a relative key such as renditions/.darkroom-probe")
+    return raw
+
+
 def _nonempty(raw: str) -> str:
     if not raw.strip():
         raise ValueError("must not be empty")
@@ -210,6 +222,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "web_token": _token,
     "renders_per_process": _positive(int),
     "render_max_rss_mb": _positive(int),
+    "storage_probe_key": _probe_key,
 }
 
 

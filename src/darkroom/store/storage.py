@@ -25,6 +25,7 @@ from darkroom.errors import (
     Rule,
     StorageUnavailableError,
 )
+from darkroom.settings import DEFAULT_PROBE_KEY
 
 CONTENT_TYPES = {
     "webp": "image/webp",
@@ -32,9 +33,6 @@ CONTENT_TYPES = {
     "avif": "image/avif",
     "png": "image/png",
 }
-
-
-PROBE_KEY = ".darkroom-probe"
 
 
 class Storage(Protocol):
@@ -56,8 +54,8 @@ class FileStorage:
     """A local folder; writes go to a temporary name in the same folder, fsynced, renamed
     into place, and the folder fsynced: a put that returned survives a power cut."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, probe_key: str = DEFAULT_PROBE_KEY) -> None:
+        self.root, self.probe_key = root, probe_key
         self._base = os.path.abspath(root)  # resolved once, not per key
 
     def _path(self, key: str) -> Path:
@@ -86,8 +84,8 @@ class FileStorage:
     async def probe(self) -> None:
         """Write and read back a small object: a read-only or full disk fails it."""
         try:
-            await self.put(PROBE_KEY, b"darkroom", "text/plain")
-            await anyio.Path(self._path(PROBE_KEY)).read_bytes()
+            await self.put(self.probe_key, b"darkroom", "text/plain")
+            await anyio.Path(self._path(self.probe_key)).read_bytes()
         except (OSError, OriginalMissingError) as exc:
             raise StorageUnavailableError(f"storage folder {self.root}: {exc}") from exc
 
@@ -187,9 +185,16 @@ def _s3_rules() -> tuple[Rule, ...]:
 class S3Storage:
     """A bucket (and optional key prefix) through one long-lived aioboto3 client."""
 
-    def __init__(self, client: Any, stack: contextlib.AsyncExitStack, bucket: str, prefix: str):
+    def __init__(
+        self,
+        client: Any,
+        stack: contextlib.AsyncExitStack,
+        bucket: str,
+        prefix: str,
+        probe_key: str = DEFAULT_PROBE_KEY,
+    ):
         self.client, self._stack, self.bucket, self.prefix = client, stack, bucket, prefix
-        self.rules = _s3_rules()
+        self.rules, self.probe_key = _s3_rules(), probe_key
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}{key}"
@@ -233,10 +238,11 @@ class S3Storage:
         return ObjectForbiddenError(f"access denied to {key} while the bucket answers: {exc}")
 
     async def probe(self) -> None:
-        """Write and read back a small object under the prefix: what the worker needs
-        (a HEAD answers 403 or 404 alike when access is gone)."""
+        """Write and read back a small object where the worker writes renditions: what the
+        worker needs (a HEAD answers 403 or 404 alike when access is gone), and what a
+        least-privilege policy allows."""
         with errors.map_exceptions(self.rules):
-            key = self._key(PROBE_KEY)
+            key = self._key(self.probe_key)
             await self.client.put_object(Bucket=self.bucket, Key=key, Body=b"darkroom")
             response = await self.client.get_object(Bucket=self.bucket, Key=key)
             async with response["Body"] as body:
@@ -246,11 +252,13 @@ class S3Storage:
         await self._stack.aclose()
 
 
-async def open_storage(url: str, endpoint_url: str | None = None) -> Storage:
+async def open_storage(
+    url: str, endpoint_url: str | None = None, probe_key: str = DEFAULT_PROBE_KEY
+) -> Storage:
     """`file:PATH` (relative to the working directory) or `s3://BUCKET[/PREFIX]`."""
     parts = urlsplit(url)
     if parts.scheme == "file":
-        return FileStorage(Path(parts.netloc + parts.path))
+        return FileStorage(Path(parts.netloc + parts.path), probe_key)
     import aioboto3
     from botocore.config import Config
 
@@ -265,4 +273,4 @@ async def open_storage(url: str, endpoint_url: str | None = None) -> Storage:
         aioboto3.Session().client("s3", endpoint_url=endpoint_url, config=config)
     )
     prefix = parts.path.strip("/")
-    return S3Storage(client, stack, parts.netloc, f"{prefix}/" if prefix else "")
+    return S3Storage(client, stack, parts.netloc, f"{prefix}/" if prefix else "", probe_key)
