@@ -21,6 +21,7 @@ from tests.conftest import PG_BASE, PHOTOS, Env, _admin, free_port
         ("DARKROOM_STORAGE_URL", "ftp://somewhere"),
         ("DARKROOM_RENDITIONS", "thumb:320:gif"),
         ("DARKROOM_SHUTDOWN_GRACE_S", "-1"),
+        ("DARKROOM_CLAIM_IDLE_MS", "1"),
         ("DARKROOM_CONCURRENCYY", "2"),
     ],
 )

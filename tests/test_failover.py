@@ -134,7 +134,7 @@ def test_one_denied_original_fails_alone_as_object_forbidden(s3_env: Env) -> Non
     try:
         s3_env.cli("run", "--drain", DARKROOM_S3_ENDPOINT_URL=proxy.url,
                    DARKROOM_MAX_ATTEMPTS="2", DARKROOM_RETRY_BASE_MS="100",
-                   DARKROOM_CLAIM_IDLE_MS="500")  # fmt: skip
+                   DARKROOM_CLAIM_IDLE_MS="1000")  # fmt: skip
     finally:
         proxy.close()
     assert state(s3_env, ids[0])[0] == "processing_failed"

@@ -171,7 +171,7 @@ def test_failure_whose_dead_letter_was_never_written_gets_it(file_env: Env, tmp_
                    "error_code = 'corrupt_image' WHERE id = $1", photo_id)  # fmt: skip
     file_env.query("UPDATE photo_jobs SET state = 'failed', error_code = 'corrupt_image', "
                    "last_error = 'cut short' WHERE photo_id = $1", photo_id)  # fmt: skip
-    log = file_env.cli("run", "--drain", DARKROOM_CLAIM_IDLE_MS="100").stderr
+    log = file_env.cli("run", "--drain", DARKROOM_CLAIM_IDLE_MS="1000").stderr
     assert '"outcome": "failed"' in log
     [(_, letter)] = file_env.redis.xrange(file_env.dead)
     assert (letter["photo_id"], letter["error_code"], letter["source_id"]) == (
@@ -189,7 +189,7 @@ def test_failed_photo_past_the_cap_keeps_its_code_and_single_letter(file_env: En
     file_env.query(db.FAIL_SQL, photo_id, "corrupt_image", "failed through another entry",
                    "another-entry", "ghost")  # fmt: skip
     log = file_env.cli("run", "--drain", DARKROOM_MAX_ATTEMPTS="2",
-                       DARKROOM_CLAIM_IDLE_MS="100").stderr  # fmt: skip
+                       DARKROOM_CLAIM_IDLE_MS="1000").stderr  # fmt: skip
     assert '"outcome": "already"' in log
     row = file_env.query("SELECT processing_state, error_code FROM photos")[0]
     assert (row["processing_state"], row["error_code"]) == ("processing_failed", "corrupt_image")

@@ -21,7 +21,16 @@ from darkroom.errors import (
 from darkroom.operate.web.auth import Auth
 from darkroom.queue import policy
 from darkroom.queue.messages import DeadLetter, Entry, parse_task
-from darkroom.settings import RenditionSpec, from_env, parse_renditions
+from darkroom.settings import (
+    MINIMUMS,
+    PARSERS,
+    REDIS_MINIMUMS,
+    RenditionSpec,
+    Settings,
+    env_name,
+    from_env,
+    parse_renditions,
+)
 
 SRC = Path(__file__).parents[1] / "src" / "darkroom"
 
@@ -63,7 +72,7 @@ def test_renditions_setting_parses_and_rejects() -> None:
 
 def test_settings_error_names_the_variable() -> None:
     """A bad value's error message starts with the variable's name."""
-    expected = r"^DARKROOM_MAX_ATTEMPTS: must be a finite number greater than 0"
+    expected = r"^DARKROOM_MAX_ATTEMPTS: must be a finite number of at least 1"
     with pytest.raises(SettingsError, match=expected):
         from_env({"DARKROOM_MAX_ATTEMPTS": "0"})
 
@@ -162,6 +171,52 @@ def test_entries_in_flight_default_to_twice_the_render_slots() -> None:
     assert from_env({"DARKROOM_CONCURRENCY": "3"}).in_flight_bound == 6
     both = {"DARKROOM_CONCURRENCY": "3", "DARKROOM_MAX_IN_FLIGHT": "4"}
     assert from_env(both).in_flight_bound == 4
+
+
+DURATIONS_AND_COUNTS = {
+    env_name(f): (minimum, type(getattr(Settings(), f))) for f, minimum in MINIMUMS.items()
+}
+
+
+@pytest.mark.parametrize(("variable", "bound"), DURATIONS_AND_COUNTS.items())
+def test_every_duration_and_count_refuses_a_value_below_its_minimum(
+    variable: str, bound: tuple[float, type]
+) -> None:
+    """Below its minimum a duration or count is refused, naming the variable (exit 2 in the
+    CLI); the minimum itself is accepted."""
+    minimum, kind = bound
+    below = str(kind(minimum) - (1 if kind is int else minimum / 2))
+    with pytest.raises(SettingsError) as caught:
+        from_env({"DARKROOM_CONCURRENCY": "1", variable: below})
+    assert caught.value.variable == variable
+    assert f"at least {minimum:g}" in str(caught.value)
+    setting = variable.removeprefix("DARKROOM_").lower()
+    at_minimum = from_env({"DARKROOM_CONCURRENCY": "1", variable: str(kind(minimum))})
+    assert getattr(at_minimum, setting) == minimum
+
+
+@pytest.mark.parametrize(("option", "minimum"), REDIS_MINIMUMS.items())
+def test_redis_url_durations_and_counts_refuse_a_value_below_their_minimum(
+    option: str, minimum: float
+) -> None:
+    """The URL's timeouts, health-check interval and pool size have a floor too."""
+    below = minimum - 1 if option == "max_connections" else minimum / 2
+    url = f"redis://127.0.0.1:6379/0?{option}={below:g}"
+    with pytest.raises(SettingsError, match=f"option {option}: .*at least {minimum:g}"):
+        from_env({"DARKROOM_REDIS_URL": url})
+
+
+def test_every_numeric_setting_has_a_minimum() -> None:
+    """No duration or count escapes a floor: every int or float setting but the ports is in
+    MINIMUMS, and the configuration page gives each minimum."""
+    defaults = Settings()
+    numeric = {f for f in PARSERS if type(getattr(defaults, f)) in (int, float)}
+    assert numeric - {"metrics_port", "web_port"} == set(MINIMUMS)
+    configuration = (SRC.parents[1] / "docs" / "configuration.md").read_text()
+    for field, minimum in MINIMUMS.items():
+        row = next(line for line in configuration.splitlines()
+                   if line.startswith(f"| `{env_name(field)}` |"))  # fmt: skip
+        assert row.split("|")[3].strip() == f"{minimum:g}", row
 
 
 def test_a_non_ascii_cookie_csrf_or_token_is_a_mismatch_not_an_error() -> None:
