@@ -208,6 +208,29 @@ async def test_gate_reports_the_reason_while_down_and_a_healthy_probe_returns_at
     assert await gate.wait("queue") is False
 
 
+async def test_readyz_masks_a_password_a_dependency_error_quotes() -> None:
+    """Whatever an outage's error quotes (a URL with its password, a password= option), the
+    gate's `down` (what /readyz answers) shows it masked."""
+    quoted = "redis://app:sekret@10.0.0.5:6379/0 with sentinel_password=sekret"
+    seen: dict[str, str] = {}
+    healthy = False
+
+    async def probe() -> None:
+        if not healthy:
+            raise QueueUnavailableError(f"auth: refused by {quoted}", reason="auth")
+
+    async def look(sleeps: int) -> None:
+        nonlocal healthy
+        seen.update(gate.down)
+        healthy = True
+
+    gate = Gate({"queue": probe}, {}, anyio.Event(), clock=FakeClock(look))
+    assert await gate.wait("queue") is True
+    assert seen["queue"] == (
+        "auth: refused by redis://app:***@10.0.0.5:6379/0 with sentinel_password=***"
+    )
+
+
 async def test_two_waiters_one_prober(spare: int, spare_streams: Streams) -> None:
     """Many photos caught in one outage: one task probes, the others wait for it."""
     admin = redis.Redis(port=spare)

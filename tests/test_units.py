@@ -30,6 +30,7 @@ from darkroom.settings import (
     env_name,
     from_env,
     parse_renditions,
+    redact,
 )
 
 SRC = Path(__file__).parents[1] / "src" / "darkroom"
@@ -171,6 +172,45 @@ def test_entries_in_flight_default_to_twice_the_render_slots() -> None:
     assert from_env({"DARKROOM_CONCURRENCY": "3"}).in_flight_bound == 6
     both = {"DARKROOM_CONCURRENCY": "3", "DARKROOM_MAX_IN_FLIGHT": "4"}
     assert from_env(both).in_flight_bound == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("redis://:pw1@host:6379/0", "redis://:***@host:6379/0"),
+        ("rediss://app:p@ss:w@host/0", "rediss://app:***@host/0"),
+        ("postgresql://u:pw1@db/x?password=pw2&sslmode=require",
+         "postgresql://u:***@db/x?password=***&sslmode=require"),
+        ("redis+sentinel://s1:26379,s2/main?sentinel_password=pw1",
+         "redis+sentinel://s1:26379,s2/main?sentinel_password=***"),
+        ("error: 'redis://a:pw1@h' then postgres://b:pw2@h2 and PASSWORD=pw3",
+         "error: 'redis://a:***@h' then postgres://b:***@h2 and PASSWORD=***"),
+        ("postgresql://postgres@127.0.0.1:5432/darkroom", None),
+        ("redis://127.0.0.1:6379/0", None),
+    ],
+)  # fmt: skip
+def test_redact_masks_every_password_and_nothing_else(text: str, masked: str | None) -> None:
+    """A URL's userinfo password and any password= option are masked, in a URL or in any
+    message quoting one; a URL without a password is unchanged."""
+    assert redact(text) == (masked or text)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("DARKROOM_REDIS_URL", "redis://:sekret@host:abc"),
+        ("DARKROOM_REDIS_URL", "redis://app:sekret@host/0?sentinel_password=sekret"),
+        ("DARKROOM_REDIS_URL", "redis://app:sekret@host/0?socket_timeout=0.5"),
+        ("DARKROOM_DATABASE_URL", "mysql://app:sekret@host/db"),
+        ("DARKROOM_DATABASE_URL", "mysql://db/x?password=sekret"),
+    ],
+)
+def test_a_settings_error_never_shows_a_password(variable: str, value: str) -> None:
+    """A bad URL's error names the variable and shows the value with its password masked."""
+    with pytest.raises(SettingsError) as caught:
+        from_env({variable: value})
+    assert caught.value.variable == variable
+    assert "sekret" not in str(caught.value) and "***" in str(caught.value)
 
 
 DURATIONS_AND_COUNTS = {

@@ -1,7 +1,8 @@
 """Every DARKROOM_* setting, validated once at start-up into one frozen Struct.
 
 `from_env` is the only reader of the environment; a bad value raises SettingsError
-naming the variable, which the CLI turns into a message and exit code 2.
+naming the variable, which the CLI turns into a message and exit code 2. `redact` masks
+the passwords these values may carry, wherever a value or a message is shown.
 """
 
 from __future__ import annotations
@@ -254,6 +255,26 @@ PARSERS: dict[str, Callable[[str], Any]] = {
 # Never echoed back in an error message.
 SECRETS = frozenset({"web_token"})
 
+# A URL's userinfo password (scheme://user:PASSWORD@host, up to the netloc's last @) and
+# every `password=` option (password, sentinel_password...), in a URL or in any text.
+_USERINFO_PASSWORD = re.compile(r"(://[^:/?#@\s]*:)[^/?#\s]*(?=@)")
+_PASSWORD_OPTION = re.compile(r"(password=)[^&#\s'\"]*", re.IGNORECASE)
+MASK = "***"
+
+
+def redact(text: str) -> str:
+    """`text` (a URL, or a message quoting one) with every password in it masked."""
+    return _PASSWORD_OPTION.sub(rf"\g<1>{MASK}", _USERINFO_PASSWORD.sub(rf"\g<1>{MASK}", text))
+
+
+def servers(settings: Settings) -> dict[str, str]:
+    """Where this process works, safe to print: Redis, PostgreSQL and storage."""
+    return {
+        "redis": redact(settings.redis_url),
+        "database": redact(settings.database_url),
+        "storage": redact(settings.storage_url),
+    }
+
 
 def env_name(field: str) -> str:
     return f"DARKROOM_{field.upper()}"
@@ -271,7 +292,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             values[field] = parse(raw)
         except ValueError as exc:
             shown = "a hidden value" if field in SECRETS else repr(raw)
-            raise SettingsError(env_name(field), f"{exc} (got {shown})") from None
+            raise SettingsError(env_name(field), redact(f"{exc} (got {shown})")) from None
     known = {env_name(f) for f in PARSERS}
     for name in environ:
         if name.startswith("DARKROOM_") and name not in known:
