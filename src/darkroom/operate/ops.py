@@ -49,7 +49,7 @@ async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
 def _format_status(report: dict[str, Any]) -> str:
     stale = "  idle over 1 h: `darkroom consumers prune` removes it once nothing is pending"
     lines = [
-        *(f"{name:<14}{where}" for name, where in report["servers"].items()),
+        *(f"{name:<14}{where}" for name, where in report.get("servers", {}).items()),
         f"stream        {report['stream']}  length={report['length']}",
         f"group         {report['group']}  lag={report['lag']}  pending={report['pending']}",
         f"dead letters  {report['dead_letter_stream']}  length={report['dead_letters']}",
