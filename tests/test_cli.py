@@ -9,8 +9,10 @@ import urllib.request
 import uuid
 
 import pytest
+import redis
 
-from tests.conftest import PG_BASE, PHOTOS, Env, _admin, free_port
+from tests.conftest import PG_BASE, PHOTOS, REDIS_URL, Env, _admin, free_port
+from tests.test_recovery import log_lines
 
 
 @pytest.mark.parametrize(
@@ -21,6 +23,7 @@ from tests.conftest import PG_BASE, PHOTOS, Env, _admin, free_port
         ("DARKROOM_STORAGE_URL", "ftp://somewhere"),
         ("DARKROOM_RENDITIONS", "thumb:320:gif"),
         ("DARKROOM_SHUTDOWN_GRACE_S", "-1"),
+        ("DARKROOM_CLAIM_IDLE_MS", "1"),
         ("DARKROOM_CONCURRENCYY", "2"),
     ],
 )
@@ -30,6 +33,38 @@ def test_bad_setting_exits_2_naming_the_variable(file_env: Env, variable: str, v
     assert result.returncode == 2
     assert variable in result.stderr and "invalid setting" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_passwords_are_masked_in_errors_status_and_logs(file_env: Env) -> None:
+    """With passwords in the Redis and PostgreSQL URLs, a refused URL's error (`check`),
+    `status` (text and JSON) and the worker's log name the servers with the passwords
+    masked, never in clear."""
+    secret = f"pw-{uuid.uuid4().hex}"
+    bad = file_env.cli("check", check=False, DARKROOM_REDIS_URL=f"redis://:{secret}@host:abc")
+    assert bad.returncode == 2 and "DARKROOM_REDIS_URL" in bad.stderr
+    file_env.ingest([PHOTOS / "4.webp"])
+    user = f"darkroom_{uuid.uuid4().hex[:8]}"
+    admin = redis.Redis.from_url(REDIS_URL)
+    admin.acl_setuser(user, enabled=True, passwords=[f"+{secret}"], keys=["*"],
+                      commands=["+@all"])  # fmt: skip
+    urls = {
+        "DARKROOM_REDIS_URL": REDIS_URL.replace("redis://", f"redis://{user}:{secret}@"),
+        "DARKROOM_DATABASE_URL": file_env.database_url.replace("postgres@", f"postgres:{secret}@"),
+    }
+    try:
+        ran = [file_env.cli(*args, **urls) for args in (["status"], ["status", "--json"],
+                                                        ["run", "--drain"])]  # fmt: skip
+    finally:
+        admin.acl_deluser(user)
+        admin.close()
+    outputs = [bad.stderr] + [text for r in ran for text in (r.stdout, r.stderr)]
+    assert [text for text in outputs if secret in text] == []
+    servers = json.loads(ran[1].stdout)["servers"]
+    assert servers["redis"] == REDIS_URL.replace("redis://", f"redis://{user}:***@")
+    assert f"redis         {servers['redis']}" in ran[0].stdout
+    started = next(e for e in log_lines(ran[2].stderr) if e["event"] == "worker started")
+    assert (started["redis"], started["database"]) == (servers["redis"], servers["database"])
+    assert ":***@" in started["database"]
 
 
 def test_unreachable_database_is_a_clear_error(file_env: Env) -> None:

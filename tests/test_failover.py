@@ -134,9 +134,42 @@ def test_one_denied_original_fails_alone_as_object_forbidden(s3_env: Env) -> Non
     try:
         s3_env.cli("run", "--drain", DARKROOM_S3_ENDPOINT_URL=proxy.url,
                    DARKROOM_MAX_ATTEMPTS="2", DARKROOM_RETRY_BASE_MS="100",
-                   DARKROOM_CLAIM_IDLE_MS="500")  # fmt: skip
+                   DARKROOM_CLAIM_IDLE_MS="1000")  # fmt: skip
     finally:
         proxy.close()
+    assert state(s3_env, ids[0])[0] == "processing_failed"
+    assert {state(s3_env, i)[:2] for i in ids[1:]} == {("processed", "published")}
+    [(_, letter)] = s3_env.redis.xrange(s3_env.dead)
+    assert (letter["photo_id"], letter["error_code"]) == (str(ids[0]), "object_forbidden")
+
+
+def test_a_least_privilege_policy_publishes_and_one_forbidden_original_fails_alone(
+    s3_env: Env,
+) -> None:
+    """A key that may only read originals/*, write renditions/* and read back the probe
+    (docs/configuration.md's policy), and one original under another key: the probe passes,
+    that photo alone is dead-lettered as object_forbidden, the others are published."""
+    ids = s3_env.ingest(BATCH[:3])
+    key = s3_env.query("SELECT original_key FROM photos WHERE id = $1", ids[0])[0]["original_key"]
+    bucket, prefix = s3_env.vars["DARKROOM_STORAGE_URL"].removeprefix("s3://").split("/")
+    under = f"/{bucket}/{prefix}/"
+    probe = f"{under}renditions/.darkroom-probe"
+
+    def allowed(method: str, path: str) -> bool:
+        if path.endswith(key):  # another KMS key, an object ACL
+            return False
+        reads = method == "GET" and (path.startswith(f"{under}originals/") or path == probe)
+        return reads or (method == "PUT" and path.startswith(f"{under}renditions/"))
+
+    proxy = DenyingS3Proxy(s3_env.vars["DARKROOM_S3_ENDPOINT_URL"])
+    proxy.deny(lambda method, path: not allowed(method, path.split("?")[0]))
+    try:
+        s3_env.cli("run", "--drain", DARKROOM_S3_ENDPOINT_URL=proxy.url, timeout=120,
+                   DARKROOM_MAX_ATTEMPTS="2", DARKROOM_RETRY_BASE_MS="100",
+                   DARKROOM_CLAIM_IDLE_MS="1000")  # fmt: skip
+    finally:
+        proxy.close()
+    assert proxy.denied >= 2, "the forbidden original was asked for on each delivery"
     assert state(s3_env, ids[0])[0] == "processing_failed"
     assert {state(s3_env, i)[:2] for i in ids[1:]} == {("processed", "published")}
     [(_, letter)] = s3_env.redis.xrange(s3_env.dead)

@@ -144,7 +144,7 @@ def test_dead_letters_are_listed_and_replayed_once(file_env: Env) -> None:
 
 def test_photo_that_kills_the_worker_every_time_is_dead_lettered(file_env: Env) -> None:
     """SIGKILL on every delivery: after MAX_ATTEMPTS deliveries it is dead-lettered, not looped."""
-    settings = {"DARKROOM_MAX_ATTEMPTS": "2", "DARKROOM_CLAIM_IDLE_MS": "300"}
+    settings = {"DARKROOM_MAX_ATTEMPTS": "2", "DARKROOM_CLAIM_IDLE_MS": "1000"}
     [photo_id] = file_env.ingest([PHOTOS / "iphone_13_pro_max.HEIC"])
     for attempt in (1, 2):
         worker = file_env.start("run", **settings)

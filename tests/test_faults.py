@@ -1,11 +1,14 @@
 """Production faults, in-process against real servers: each driver error is classified by
 what it says about the dependency; probes exercise writes; the gate waits an outage out
 with capped backoff and a bounded number of log lines (a controlled clock); heartbeats
-and retries touch only what this consumer owns."""
+and retries touch only what this consumer owns; a local folder's writes are on disk
+before they return."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -205,6 +208,29 @@ async def test_gate_reports_the_reason_while_down_and_a_healthy_probe_returns_at
     assert await gate.wait("queue") is False
 
 
+async def test_readyz_masks_a_password_a_dependency_error_quotes() -> None:
+    """Whatever an outage's error quotes (a URL with its password, a password= option), the
+    gate's `down` (what /readyz answers) shows it masked."""
+    quoted = "redis://app:sekret@10.0.0.5:6379/0 with sentinel_password=sekret"
+    seen: dict[str, str] = {}
+    healthy = False
+
+    async def probe() -> None:
+        if not healthy:
+            raise QueueUnavailableError(f"auth: refused by {quoted}", reason="auth")
+
+    async def look(sleeps: int) -> None:
+        nonlocal healthy
+        seen.update(gate.down)
+        healthy = True
+
+    gate = Gate({"queue": probe}, {}, anyio.Event(), clock=FakeClock(look))
+    assert await gate.wait("queue") is True
+    assert seen["queue"] == (
+        "auth: refused by redis://app:***@10.0.0.5:6379/0 with sentinel_password=***"
+    )
+
+
 async def test_two_waiters_one_prober(spare: int, spare_streams: Streams) -> None:
     """Many photos caught in one outage: one task probes, the others wait for it."""
     admin = redis.Redis(port=spare)
@@ -385,3 +411,46 @@ async def test_s3_denying_one_object_is_that_photos_own_failure(
     assert caught.value.code == "object_forbidden" and caught.value.stage != "storage"
     assert await store.get("originals/a.jpg", 100) == b"abc"
     await store.probe()
+
+
+# -- a local folder: durability --------------------------------------------------------------
+
+
+def test_a_put_is_on_disk_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FileStorage.put fsyncs the temporary file before renaming it into place, then the
+    folder, and the parent of each folder it created: a publish that follows cannot point
+    at a rendition a power cut took back."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        events.append((f"fsync {kind}", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src: str | Path, dst: str | Path) -> None:
+        events.append(("rename", str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    root = tmp_path / "storage"
+    root.mkdir()
+    store = storage.FileStorage(root)
+    anyio.run(store.put, "renditions/p1/thumb.webp", b"webp bytes", "image/webp")
+    target = root / "renditions" / "p1" / "thumb.webp"
+    assert target.read_bytes() == b"webp bytes"
+    [(_, tmp)] = [e for e in events if e[0] == "fsync file"]
+    assert Path(tmp).parent == target.parent and Path(tmp).name.endswith(".tmp")
+    assert events == [
+        ("fsync dir", str(root)),  # made renditions/
+        ("fsync dir", str(root / "renditions")),  # made renditions/p1/
+        ("fsync file", tmp),
+        ("rename", str(target)),
+        ("fsync dir", str(target.parent)),
+    ]
+    events.clear()
+    anyio.run(store.put, "renditions/p1/large.webp", b"more", "image/webp")
+    assert [kind for kind, _ in events] == ["fsync file", "rename", "fsync dir"]

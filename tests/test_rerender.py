@@ -33,6 +33,10 @@ ROW = ("renditions", "width", "height", "format", "bytes", "processed_at", "rere
        "thumbhash", "visibility", "processing_state")  # fmt: skip
 
 
+# The storage probe writes inside renditions/ too: it is not a rendition upload.
+PROBE = ".darkroom-probe"
+
+
 def row(env: Env, photo_id: uuid.UUID) -> dict[str, Any]:
     return env.query("SELECT * FROM photos WHERE id = $1", photo_id)[0]
 
@@ -136,7 +140,7 @@ def test_s3_rerender_denied_half_way_changes_nothing_readers_see(
     assert bucket.keys(photo_id) == set(live)
     uploads = itertools.count()
     proxy.deny(lambda method, path: method == "PUT" and "/renditions/" in path
-               and next(uploads) >= 2)  # fmt: skip
+               and PROBE not in path and next(uploads) >= 2)  # fmt: skip
     s3_env.cli("enqueue", "--rerender", str(photo_id))
     s3_env.cli("run", "--drain", DARKROOM_S3_ENDPOINT_URL=proxy.url,
                DARKROOM_RENDITIONS=OTHER_QUALITY, DARKROOM_MAX_ATTEMPTS="1")  # fmt: skip
@@ -178,7 +182,7 @@ def test_s3_rerender_killed_half_way_changes_nothing_and_its_redelivery_leaves_n
     live = {key: bucket.read(key) for key in referenced(s3_env, photo_id)}
     uploads = itertools.count()
     proxy.hold(lambda method, path: method == "PUT" and "/renditions/" in path
-               and next(uploads) >= 2)  # fmt: skip
+               and PROBE not in path and next(uploads) >= 2)  # fmt: skip
     s3_env.cli("enqueue", "--rerender", str(photo_id))
     worker = s3_env.start("run", DARKROOM_S3_ENDPOINT_URL=proxy.url,
                           DARKROOM_RENDITIONS=OTHER_QUALITY)  # fmt: skip

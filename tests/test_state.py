@@ -57,9 +57,10 @@ async def test_a_stale_worker_cannot_publish_a_failed_photo(store: Store) -> Non
     photo_id = await new_photo(store.pool)
     assert (await db.claim(store.pool, photo_id, "1-0", "w1")).outcome == "claimed"
     assert (await db.claim(store.pool, photo_id, "1-0", "w2")).attempt == 2
-    assert await db.record_failure(store.pool, photo_id, "1-0", "timeout", "slow")
+    assert await db.record_failure(store.pool, photo_id, "1-0", "w2", "timeout", "slow") == "failed"
     assert await db.publish(store.pool, photo_id, FACTS, "[]") is None
-    assert not await db.record_failure(store.pool, photo_id, "1-0", "storage_unavailable", "late")
+    late = await db.record_failure(store.pool, photo_id, "1-0", "w2", "storage_unavailable", "late")
+    assert late == "finished"
     code = await store.pool.fetchval("SELECT error_code FROM photos WHERE id = $1", photo_id)
     assert code == "timeout", "a late failure of another delivery does not rewrite the code"
     row = await store.pool.fetchrow(
@@ -78,7 +79,8 @@ async def test_a_stale_entry_cannot_retry_or_fail_a_photo_another_entry_owns(sto
     await db.record_requeued(store.pool, photo_id, "2-0")
     await db.claim(store.pool, photo_id, "2-0", "w2")
     assert not await db.record_retry(store.pool, photo_id, "1-0", "timeout", "late", 1000)
-    assert not await db.record_failure(store.pool, photo_id, "1-0", "attempts_exhausted", "x")
+    stale = await db.record_failure(store.pool, photo_id, "1-0", "w1", "attempts_exhausted", "x")
+    assert stale == "finished"
     row = await store.pool.fetchrow(
         "SELECT p.processing_state, j.state, j.error_code FROM photos p"
         " JOIN photo_jobs j ON j.photo_id = p.id WHERE p.id = $1",
@@ -87,7 +89,26 @@ async def test_a_stale_entry_cannot_retry_or_fail_a_photo_another_entry_owns(sto
     assert tuple(row) == ("processing", "active", None)
     assert await db.record_retry(store.pool, photo_id, "2-0", "timeout", "slow", 1000)
     await db.claim(store.pool, photo_id, "2-0", "w2")
-    assert await db.record_failure(store.pool, photo_id, "2-0", "timeout", "slow")
+    assert await db.record_failure(store.pool, photo_id, "2-0", "w2", "timeout", "slow") == "failed"
+
+
+async def test_only_the_consumer_holding_the_job_records_its_failure(store: Store) -> None:
+    """A consumer that lost the entry to another (reclaimed and claimed again) or never
+    claimed it records no failure: nothing changes; the consumer holding the job does."""
+    photo_id = await new_photo(store.pool)
+    unclaimed = await db.record_failure(store.pool, photo_id, "1-0", "w1", "timeout", "early")
+    assert unclaimed == "not_owner"
+    await db.claim(store.pool, photo_id, "1-0", "w1")
+    await db.claim(store.pool, photo_id, "1-0", "w2")  # w2 reclaimed the entry
+    lost = await db.record_failure(store.pool, photo_id, "1-0", "w1", "corrupt_image", "late")
+    assert lost == "not_owner"
+    row = await store.pool.fetchrow(
+        "SELECT p.processing_state, p.error_code, j.state, j.consumer, j.last_error"
+        " FROM photos p JOIN photo_jobs j ON j.photo_id = p.id WHERE p.id = $1",
+        photo_id,
+    )
+    assert tuple(row) == ("processing", None, "active", "w2", None)
+    assert await db.record_failure(store.pool, photo_id, "1-0", "w2", "timeout", "slow") == "failed"
 
 
 async def test_publish_happens_once_and_keeps_processed_at(store: Store) -> None:
@@ -168,7 +189,7 @@ def test_failure_whose_dead_letter_was_never_written_gets_it(file_env: Env, tmp_
                    "error_code = 'corrupt_image' WHERE id = $1", photo_id)  # fmt: skip
     file_env.query("UPDATE photo_jobs SET state = 'failed', error_code = 'corrupt_image', "
                    "last_error = 'cut short' WHERE photo_id = $1", photo_id)  # fmt: skip
-    log = file_env.cli("run", "--drain", DARKROOM_CLAIM_IDLE_MS="100").stderr
+    log = file_env.cli("run", "--drain", DARKROOM_CLAIM_IDLE_MS="1000").stderr
     assert '"outcome": "failed"' in log
     [(_, letter)] = file_env.redis.xrange(file_env.dead)
     assert (letter["photo_id"], letter["error_code"], letter["source_id"]) == (
@@ -183,11 +204,10 @@ def test_failed_photo_past_the_cap_keeps_its_code_and_single_letter(file_env: En
     for _ in range(3):  # delivered again and again without finishing
         file_env.redis.xclaim(file_env.stream, "darkroom", "ghost", 0, [entry_id])
     file_env.query(db.CLAIM_SQL, photo_id, "another-entry", "ghost")
-    file_env.query(
-        db.FAIL_SQL, photo_id, "corrupt_image", "failed through another entry", "another-entry"
-    )
+    file_env.query(db.FAIL_SQL, photo_id, "corrupt_image", "failed through another entry",
+                   "another-entry", "ghost")  # fmt: skip
     log = file_env.cli("run", "--drain", DARKROOM_MAX_ATTEMPTS="2",
-                       DARKROOM_CLAIM_IDLE_MS="100").stderr  # fmt: skip
+                       DARKROOM_CLAIM_IDLE_MS="1000").stderr  # fmt: skip
     assert '"outcome": "already"' in log
     row = file_env.query("SELECT processing_state, error_code FROM photos")[0]
     assert (row["processing_state"], row["error_code"]) == ("processing_failed", "corrupt_image")

@@ -114,8 +114,9 @@ async def test_every_state_change_moves_last_activity(pool: db.Pool) -> None:
         (lambda: db.claim(pool, photo_id, "1-0", "w"), "processing"),
         (lambda: db.record_retry(pool, photo_id, "1-0", "timeout", "slow", 1000), "processing"),
         (lambda: db.record_requeued(pool, photo_id, "2-0"), "processing"),
+        (lambda: db.claim(pool, photo_id, "2-0", "w"), "processing"),
         (
-            lambda: db.record_failure(pool, photo_id, "2-0", "corrupt_image", "bad"),
+            lambda: db.record_failure(pool, photo_id, "2-0", "w", "corrupt_image", "bad"),
             "processing_failed",
         ),
         (lambda: db.reset_failed(pool, photo_id), "uploaded"),

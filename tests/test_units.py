@@ -19,9 +19,20 @@ from darkroom.errors import (
     SettingsError,
     StorageUnavailableError,
 )
+from darkroom.operate.web.auth import Auth
 from darkroom.queue import policy
 from darkroom.queue.messages import DeadLetter, Entry, parse_task
-from darkroom.settings import RenditionSpec, from_env, parse_renditions
+from darkroom.settings import (
+    MINIMUMS,
+    PARSERS,
+    REDIS_MINIMUMS,
+    RenditionSpec,
+    Settings,
+    env_name,
+    from_env,
+    parse_renditions,
+    redact,
+)
 from darkroom.store import keys
 
 SRC = Path(__file__).parents[1] / "src" / "darkroom"
@@ -64,7 +75,7 @@ def test_renditions_setting_parses_and_rejects() -> None:
 
 def test_settings_error_names_the_variable() -> None:
     """A bad value's error message starts with the variable's name."""
-    expected = r"^DARKROOM_MAX_ATTEMPTS: must be a finite number greater than 0"
+    expected = r"^DARKROOM_MAX_ATTEMPTS: must be a finite number of at least 1"
     with pytest.raises(SettingsError, match=expected):
         from_env({"DARKROOM_MAX_ATTEMPTS": "0"})
 
@@ -231,3 +242,113 @@ def test_cache_control_must_be_one_header_value(value: str) -> None:
     assert caught.value.variable == "DARKROOM_CACHE_CONTROL"
     assert from_env({}).cache_control == "public, max-age=31536000, immutable"
     assert from_env({"DARKROOM_CACHE_CONTROL": "no-cache"}).cache_control == "no-cache"
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("redis://:pw1@host:6379/0", "redis://:***@host:6379/0"),
+        ("rediss://app:p@ss:w@host/0", "rediss://app:***@host/0"),
+        ("postgresql://u:pw1@db/x?password=pw2&sslmode=require",
+         "postgresql://u:***@db/x?password=***&sslmode=require"),
+        ("redis+sentinel://s1:26379,s2/main?sentinel_password=pw1",
+         "redis+sentinel://s1:26379,s2/main?sentinel_password=***"),
+        ("error: 'redis://a:pw1@h' then postgres://b:pw2@h2 and PASSWORD=pw3",
+         "error: 'redis://a:***@h' then postgres://b:***@h2 and PASSWORD=***"),
+        ("postgresql://postgres@127.0.0.1:5432/darkroom", None),
+        ("redis://127.0.0.1:6379/0", None),
+    ],
+)  # fmt: skip
+def test_redact_masks_every_password_and_nothing_else(text: str, masked: str | None) -> None:
+    """A URL's userinfo password and any password= option are masked, in a URL or in any
+    message quoting one; a URL without a password is unchanged."""
+    assert redact(text) == (masked or text)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("DARKROOM_REDIS_URL", "redis://:sekret@host:abc"),
+        ("DARKROOM_REDIS_URL", "redis://app:sekret@host/0?sentinel_password=sekret"),
+        ("DARKROOM_REDIS_URL", "redis://app:sekret@host/0?socket_timeout=0.5"),
+        ("DARKROOM_DATABASE_URL", "mysql://app:sekret@host/db"),
+        ("DARKROOM_DATABASE_URL", "mysql://db/x?password=sekret"),
+    ],
+)
+def test_a_settings_error_never_shows_a_password(variable: str, value: str) -> None:
+    """A bad URL's error names the variable and shows the value with its password masked."""
+    with pytest.raises(SettingsError) as caught:
+        from_env({variable: value})
+    assert caught.value.variable == variable
+    assert "sekret" not in str(caught.value) and "***" in str(caught.value)
+
+
+DURATIONS_AND_COUNTS = {
+    env_name(f): (minimum, type(getattr(Settings(), f))) for f, minimum in MINIMUMS.items()
+}
+
+
+@pytest.mark.parametrize(("variable", "bound"), DURATIONS_AND_COUNTS.items())
+def test_every_duration_and_count_refuses_a_value_below_its_minimum(
+    variable: str, bound: tuple[float, type]
+) -> None:
+    """Below its minimum a duration or count is refused, naming the variable (exit 2 in the
+    CLI); the minimum itself is accepted."""
+    minimum, kind = bound
+    below = str(kind(minimum) - (1 if kind is int else minimum / 2))
+    with pytest.raises(SettingsError) as caught:
+        from_env({"DARKROOM_CONCURRENCY": "1", variable: below})
+    assert caught.value.variable == variable
+    assert f"at least {minimum:g}" in str(caught.value)
+    setting = variable.removeprefix("DARKROOM_").lower()
+    at_minimum = from_env({"DARKROOM_CONCURRENCY": "1", variable: str(kind(minimum))})
+    assert getattr(at_minimum, setting) == minimum
+
+
+@pytest.mark.parametrize(("option", "minimum"), REDIS_MINIMUMS.items())
+def test_redis_url_durations_and_counts_refuse_a_value_below_their_minimum(
+    option: str, minimum: float
+) -> None:
+    """The URL's timeouts, health-check interval and pool size have a floor too."""
+    below = minimum - 1 if option == "max_connections" else minimum / 2
+    url = f"redis://127.0.0.1:6379/0?{option}={below:g}"
+    with pytest.raises(SettingsError, match=f"option {option}: .*at least {minimum:g}"):
+        from_env({"DARKROOM_REDIS_URL": url})
+
+
+def test_every_numeric_setting_has_a_minimum() -> None:
+    """No duration or count escapes a floor: every int or float setting but the ports is in
+    MINIMUMS, and the configuration page gives each minimum."""
+    defaults = Settings()
+    numeric = {f for f in PARSERS if type(getattr(defaults, f)) in (int, float)}
+    assert numeric - {"metrics_port", "web_port"} == set(MINIMUMS)
+    configuration = (SRC.parents[1] / "docs" / "configuration.md").read_text()
+    for field, minimum in MINIMUMS.items():
+        row = next(line for line in configuration.splitlines()
+                   if line.startswith(f"| `{env_name(field)}` |"))  # fmt: skip
+        assert row.split("|")[3].strip() == f"{minimum:g}", row
+
+
+def test_a_non_ascii_cookie_csrf_or_token_is_a_mismatch_not_an_error() -> None:
+    """A cookie, CSRF field or token holding non-ASCII text (a Latin-1 byte) is simply not
+    ours: no session, no match, never an exception (a 500 on every page)."""
+    auth = Auth("x" * 32)
+    session, cookie = auth.new_session(operator=True)
+    assert auth.read_session(cookie) == session
+    nonce, operator, issued, signature = cookie.split(".")
+    for forged in (f"{nonce}.{operator}.{issued}.\u00e9", f"\u00e9.1.{issued}.{signature}",
+                   f"{nonce}.1.\u00b2.{signature}", "\udce9.1.1.x"):  # fmt: skip
+        assert auth.read_session(forged) is None
+    assert not auth.csrf_ok(session, "\u00e9" + auth.csrf_token(session)[1:])
+    assert auth.csrf_ok(session, auth.csrf_token(session))
+    assert not auth.token_matches("\u00e9" * 32) and auth.bearer("Bearer \u00e9") == "wrong"
+
+
+def test_the_storage_probe_key_stays_inside_the_storage() -> None:
+    """The probe writes inside renditions/ by default; a key that is absolute, climbs out
+    with .., or names a folder is refused."""
+    assert from_env({}).storage_probe_key == "renditions/.darkroom-probe"
+    for bad in ("/etc/probe", "renditions/../../probe", "renditions/", " probe"):
+        with pytest.raises(SettingsError) as caught:
+            from_env({"DARKROOM_STORAGE_PROBE_KEY": bad})
+        assert caught.value.variable == "DARKROOM_STORAGE_PROBE_KEY"

@@ -269,6 +269,25 @@ def test_the_session_cookie_is_httponly_and_strict(file_env: Env) -> None:
         assert "httponly" in cookie and "samesite=strict" in cookie and TOKEN not in cookie
 
 
+def test_a_non_ascii_cookie_or_token_is_not_logged_in_never_a_500(file_env: Env) -> None:
+    """A session cookie, CSRF field or token holding a Latin-1 byte (a stray cookie from
+    another app on the host, a mangled paste) is not ours: pages answer 200 with a fresh
+    session, an action 401 (no credentials) or 403 (wrong ones), never 500."""
+    base = start_web(file_env)
+    stray = {"cookie": b"darkroom_session=abc.1.1700000000.sig\xe9"}
+    for path in ("/", "/photos", "/dead-letters", "/login"):
+        page = httpx.get(base + path, headers=stray)
+        assert page.status_code == 200, path
+        assert "darkroom_session=" in page.headers["set-cookie"], "a fresh session"
+    retry = f"{base}/photos/{uuid.uuid4()}/retry"
+    assert httpx.post(retry, headers=stray).status_code == 401
+    assert httpx.post(retry, headers={"authorization": b"Bearer \xe9t\xe9"}).status_code == 403
+    with httpx.Client(base_url=base) as client:
+        client.get("/login")
+        answer = client.post("/login", data={"csrf": "\u00e9t\u00e9", "token": TOKEN})
+        assert answer.status_code == 403 and "CSRF" in answer.text
+
+
 def test_renditions_are_served_from_s3(s3_env: Env) -> None:
     """With S3 storage the page serves the very bytes of each rendition object."""
     (photo_id,) = s3_env.ingest([PHOTOS / "4.webp"])

@@ -12,16 +12,17 @@ import anyio
 import pytest
 import redis
 import redis.asyncio
+import structlog
 
 from darkroom import sweeper
-from darkroom.errors import InternalError
+from darkroom.errors import CorruptImageError, InternalError
 from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
 from darkroom.store import db
 from darkroom.store.storage import FileStorage
 from darkroom.worker import Worker
-from tests.conftest import REDIS_URL, Env
+from tests.conftest import PHOTOS, REDIS_URL, Env
 from tests.faults import FakeClock
 
 
@@ -52,6 +53,47 @@ async def test_an_entry_already_in_flight_is_not_started_twice(worker: Worker) -
         await worker._dispatch(tg, [entry])
     assert len(worker.in_flight) == 1
     assert await worker.pool.fetchval("SELECT count(*) FROM photo_jobs") == 0
+
+
+async def test_a_consumer_that_lost_the_entry_cannot_fail_what_its_new_owner_publishes(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claims a photo and loses its entry to B (XCLAIM, as XAUTOCLAIM does after a lost
+    heartbeat). A's render then fails for good while B renders: A records nothing and
+    leaves the entry to B, and B publishes; no dead letter."""
+    a, client = worker, worker.streams.client
+    b_streams = Streams(client, a.streams.stream, "darkroom", "w2", a.streams.dead_stream)
+    b = Worker(a.settings, a.pool, b_streams, a.storage, clock=FakeClock())
+    photo_id = uuid.uuid4()
+    key = f"originals/{photo_id}/4.webp"
+    await a.storage.put(key, (PHOTOS / "4.webp").read_bytes(), "image/webp")
+    await db.insert_photo(a.pool, photo_id, key)
+    await a.streams.enqueue(task_fields(photo_id))
+    [entry] = await a.streams.read_new(1, 100)
+    assert (await db.claim(a.pool, photo_id, entry.id, "w1")).outcome == "claimed"
+    await client.xclaim(a.streams.stream, "darkroom", "w2", 0, [entry.id])
+    publish, pending_after_a = db.publish, []
+
+    async def publish_after_a_fails(*args: object) -> bool:
+        late = CorruptImageError("A's render failed after B took the entry")
+        await a.jobs._fail(entry, 1, late, structlog.get_logger())
+        pending_after_a.extend(
+            await client.xpending_range(a.streams.stream, "darkroom", "-", "+", 9)
+        )
+        return await publish(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(db, "publish", publish_after_a_fails)
+    async with b.renderer:
+        await b.jobs.handle(entry, 2)
+    row = await a.pool.fetchrow(
+        "SELECT p.processing_state, p.visibility, p.error_code, j.state, j.consumer"
+        " FROM photos p JOIN photo_jobs j ON j.photo_id = p.id WHERE p.id = $1",
+        photo_id,
+    )
+    assert [p["consumer"] for p in pending_after_a] == ["w2"], "A left the entry to B"
+    assert tuple(row) == ("processed", "published", None, "done", "w2")
+    assert await client.xlen(a.streams.dead_stream) == 0
+    assert await client.xlen(a.streams.stream) == 0, "B acked its entry"
 
 
 async def test_drain_ends_failed_when_the_final_sweep_keeps_failing(

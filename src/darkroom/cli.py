@@ -11,7 +11,7 @@ import logging
 import signal
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from darkroom.operate.progress import Progress, parse_rate
 from darkroom.queue.messages import task_fields
 from darkroom.queue.streams import Streams
 from darkroom.services import services, storage_for
-from darkroom.settings import Settings, from_env
+from darkroom.settings import Settings, from_env, redact, servers
 from darkroom.store import db
 from darkroom.worker import Worker
 
@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = from_env()
     except SettingsError as exc:
-        print(f"darkroom: invalid setting {exc}", file=sys.stderr)
+        print(redact(f"darkroom: invalid setting {exc}"), file=sys.stderr)
         return 2
     _configure_logging(settings)
     try:
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BaseExceptionGroup as group:
             raise first_error(group) from group
     except DarkroomError as exc:
-        print(f"darkroom: {exc.code}: {exc}", file=sys.stderr)
+        print(redact(f"darkroom: {exc.code}: {exc}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -247,12 +247,18 @@ def _configure_logging(settings: Settings) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            _mask_passwords,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def _mask_passwords(logger: Any, method: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
+    """Every text of every log line, tracebacks included, with its passwords masked."""
+    return {k: redact(v) if isinstance(v, str) else v for k, v in event.items()}
 
 
 async def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
@@ -323,6 +329,7 @@ async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
         )
         log.info(
             "worker started",
+            **servers(settings),
             consumer=settings.consumer,
             stream=settings.stream,
             group=settings.group,

@@ -20,6 +20,7 @@ import structlog
 from darkroom import metrics
 from darkroom.errors import DarkroomError
 from darkroom.queue.pacing import Backoff, Throttle
+from darkroom.settings import redact
 
 log = structlog.get_logger("darkroom.health")
 
@@ -144,5 +145,6 @@ class Gate:
 
 
 def _describe(problem: DarkroomError) -> str:
-    text = str(problem)
+    """What /readyz and the logs say of an outage; a password a driver quoted is masked."""
+    text = redact(str(problem))
     return (text if text.startswith(problem.reason) else f"{problem.reason}: {text}")[:300]

@@ -115,7 +115,7 @@ class Jobs:
     async def _process(self, entry: Entry, deliveries: int, claims: dict[str, db.Claim]) -> str:
         task = parse_task(entry)
         if deliveries > self.settings.max_attempts:
-            await self._past_the_cap(task.photo_id, deliveries)
+            await self._past_the_cap(entry, task.photo_id, deliveries, claims)
         claim = claims.get(entry.id) or await db.claim(
             self.pool, task.photo_id, entry.id, self.streams.consumer
         )
@@ -143,7 +143,9 @@ class Jobs:
         await self._delete_superseded(task.photo_id, keys.superseded(replaced, current))
         return "published"
 
-    async def _past_the_cap(self, photo_id: uuid.UUID, deliveries: int) -> None:
+    async def _past_the_cap(
+        self, entry: Entry, photo_id: uuid.UUID, deliveries: int, claims: dict[str, db.Claim]
+    ) -> None:
         """Checked before any work, so a photo that kills its worker cannot loop. A photo
         that is gone or already terminal goes on to the claim, which changes nothing."""
         state = await db.photo_state(self.pool, photo_id)
@@ -152,6 +154,14 @@ class Jobs:
         if state in (None, "processed", "processing_failed"):
             return
         code, message = await db.last_error(self.pool, photo_id)
+        # The job is taken first: only the delivery that owns it may record its failure
+        # (its last owner is the worker that died).
+        claim = claims.get(entry.id) or await db.claim(
+            self.pool, photo_id, entry.id, self.streams.consumer
+        )
+        claims[entry.id] = claim
+        if claim.outcome != "claimed":
+            return  # finished meanwhile: the claim's outcome says how
         raise AttemptsExhaustedError(
             f"delivered {deliveries} times without finishing; last error: "
             f"{code or 'none recorded (the worker died)'} {message or ''}".strip()
@@ -238,6 +248,9 @@ class Jobs:
             elif ended == "rerender_failed":
                 metrics.OUTCOMES.labels("failed").inc()
                 bound.error("re-render failed; the photo keeps its renditions")
+            elif ended == "not_owner":
+                bound.warning("failure not recorded: this delivery does not own the job; "
+                              "the entry is left to its owner or to reclaim")  # fmt: skip
             else:
                 metrics.OUTCOMES.labels("already").inc()
                 bound.warning("photo already finished by another delivery; acked")
@@ -256,16 +269,22 @@ class Jobs:
         """Record the final failure, then the dead letter. When the photo is already
         terminal or gone (its one dead letter, if any, exists already) only an ack:
         `already`, or `rerender_failed` when a re-render of a processed photo failed (the
-        job records the code; the photo stays as it was, with its request set)."""
-        photo_id = _photo_id(entry)
-        if photo_id is not None and not await db.record_failure(
-            self.pool, photo_id, entry.id, exc.code, str(exc)
-        ):
-            rerender = await db.record_rerender_failure(
-                self.pool, photo_id, entry.id, exc.code, str(exc)
+        job records the code; the photo stays as it was, with its request set). When this
+        delivery does not own the job (another consumer reclaimed the entry, or it never
+        claimed), nothing: `not_owner`, the entry stays pending for its owner."""
+        photo_id, consumer = _photo_id(entry), self.streams.consumer
+        if photo_id is not None:
+            record = await db.record_failure(
+                self.pool, photo_id, entry.id, consumer, exc.code, str(exc)
             )
-            await self.streams.ack(entry.id)
-            return "rerender_failed" if rerender else "already"
+            if record == "not_owner":
+                return record
+            if record == "finished":
+                rerender = await db.record_rerender_failure(
+                    self.pool, photo_id, entry.id, consumer, exc.code, str(exc)
+                )
+                await self.streams.ack(entry.id)
+                return "rerender_failed" if rerender else "already"
         await self._write_dead_letter(entry, deliveries, exc.code, str(exc), exc.stage)
         return "dead_lettered"
 

@@ -44,7 +44,9 @@ async def services(settings: Settings, pool_size: int) -> AsyncIterator[tuple[db
 
 @contextlib.asynccontextmanager
 async def storage_for(settings: Settings) -> AsyncIterator[Storage]:
-    storage = await open_storage(settings.storage_url, settings.s3_endpoint_url)
+    storage = await open_storage(
+        settings.storage_url, settings.s3_endpoint_url, settings.storage_probe_key
+    )
     try:
         yield storage
     finally:

@@ -1,7 +1,8 @@
 """Every DARKROOM_* setting, validated once at start-up into one frozen Struct.
 
 `from_env` is the only reader of the environment; a bad value raises SettingsError
-naming the variable, which the CLI turns into a message and exit code 2.
+naming the variable, which the CLI turns into a message and exit code 2. `redact` masks
+the passwords these values may carry, wherever a value or a message is shown.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def parse_renditions(text: str) -> tuple[RenditionSpec, ...]:
     return tuple(specs)
 
 
+DEFAULT_PROBE_KEY = "renditions/.darkroom-probe"
+
+
 def default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -101,6 +105,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Sent with every rendition upload: a rendition's key names its content, so it never
     # changes under its URL (see store/keys.py).
     cache_control: str = "public, max-age=31536000, immutable"
+    # Inside a prefix the worker writes anyway, so a least-privilege policy allows it.
+    storage_probe_key: str = DEFAULT_PROBE_KEY
 
     @property
     def in_flight_bound(self) -> int:
@@ -110,14 +116,39 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 T = TypeVar("T")
 
 
-def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
+def _at_least(kind: Callable[[str], T], minimum: float) -> Callable[[str], T]:
     def convert(raw: str) -> T:
         value = kind(raw)
-        if not math.isfinite(value) or value <= 0:  # type: ignore[arg-type,operator]
-            raise ValueError("must be a finite number greater than 0")
+        if not math.isfinite(value) or value < minimum:  # type: ignore[arg-type,operator]
+            raise ValueError(f"must be a finite number of at least {minimum:g}")
         return value
 
     return convert
+
+
+# The floor of every duration and count: below it a loop spins (a heartbeat every
+# CLAIM_IDLE_MS/3), a retry hammers, or the setting cannot work at all.
+MINIMUMS: dict[str, float] = {
+    "dead_letter_maxlen": 100,  # Redis trims whole stream nodes of 100 entries
+    "concurrency": 1,
+    "shutdown_grace_s": 0.1,
+    "max_attempts": 1,
+    "retry_base_ms": 100,
+    "claim_idle_ms": 1000,  # the heartbeat beats every CLAIM_IDLE_MS/3
+    "sweep_after_s": 1.0,  # younger photos may be between their commit and XADD
+    "job_timeout_s": 0.1,
+    "render_memory_mb": 100,  # a render process's own libraries use most of it
+    "max_pixels": 1,
+    "max_original_bytes": 1,
+    "read_block_ms": 10,
+    "max_in_flight": 1,
+    "renders_per_process": 1,
+    "render_max_rss_mb": 64,  # a warm process is about 40 MB: each would be replaced
+}
+
+
+def _bounded(field: str, kind: Callable[[str], T]) -> Callable[[str], T]:
+    return _at_least(kind, MINIMUMS[field])
 
 
 def _url(*schemes: str) -> Callable[[str], str]:
@@ -168,6 +199,13 @@ def _token(raw: str) -> str:
     return raw
 
 
+def _probe_key(raw: str) -> str:
+    """A key relative to the storage root: a folder or a prefix the worker writes."""
+    if raw != raw.strip() or raw.startswith("/") or ".." in raw.split("/") or raw.endswith("/"):
+        raise ValueError("must be a relative key such as renditions/.darkroom-probe")
+    return raw
+
+
 def _nonempty(raw: str) -> str:
     if not raw.strip():
         raise ValueError("must not be empty")
@@ -197,35 +235,56 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "group": _nonempty,
     "consumer": _nonempty,
     "dead_letter_stream": _nonempty,
-    "dead_letter_maxlen": _positive(int),
-    "concurrency": _positive(int),
-    "shutdown_grace_s": _positive(float),
+    "dead_letter_maxlen": _bounded("dead_letter_maxlen", int),
+    "concurrency": _bounded("concurrency", int),
+    "shutdown_grace_s": _bounded("shutdown_grace_s", float),
     "renditions": parse_renditions,
-    "max_attempts": _positive(int),
-    "retry_base_ms": _positive(int),
-    "claim_idle_ms": _positive(int),
-    "sweep_after_s": _positive(float),
-    "job_timeout_s": _positive(float),
-    "render_memory_mb": _positive(int),
-    "max_pixels": _positive(int),
-    "max_original_bytes": _positive(int),
-    "read_block_ms": _positive(int),
+    "max_attempts": _bounded("max_attempts", int),
+    "retry_base_ms": _bounded("retry_base_ms", int),
+    "claim_idle_ms": _bounded("claim_idle_ms", int),
+    "sweep_after_s": _bounded("sweep_after_s", float),
+    "job_timeout_s": _bounded("job_timeout_s", float),
+    "render_memory_mb": _bounded("render_memory_mb", int),
+    "max_pixels": _bounded("max_pixels", int),
+    "max_original_bytes": _bounded("max_original_bytes", int),
+    "read_block_ms": _bounded("read_block_ms", int),
     "metrics_port": _port,
     "log_format": _choice("json", "console"),
     "log_level": _choice("debug", "info", "warning", "error"),
-    "max_in_flight": _positive(int),
+    "max_in_flight": _bounded("max_in_flight", int),
     "keep_location": _boolean,
     "web_host": _nonempty,
     "web_port": _tcp_port,
     "web_token": _token,
-    "renders_per_process": _positive(int),
-    "render_max_rss_mb": _positive(int),
+    "renders_per_process": _bounded("renders_per_process", int),
+    "render_max_rss_mb": _bounded("render_max_rss_mb", int),
     "cache_control": _header_value,
+    "storage_probe_key": _probe_key,
 }
 
 
 # Never echoed back in an error message.
 SECRETS = frozenset({"web_token"})
+
+# A URL's userinfo password (scheme://user:PASSWORD@host, up to the netloc's last @) and
+# every `password=` option (password, sentinel_password...), in a URL or in any text.
+_USERINFO_PASSWORD = re.compile(r"(://[^:/?#@\s]*:)[^/?#\s]*(?=@)")
+_PASSWORD_OPTION = re.compile(r"(password=)[^&#\s'\"]*", re.IGNORECASE)
+MASK = "***"
+
+
+def redact(text: str) -> str:
+    """`text` (a URL, or a message quoting one) with every password in it masked."""
+    return _PASSWORD_OPTION.sub(rf"\g<1>{MASK}", _USERINFO_PASSWORD.sub(rf"\g<1>{MASK}", text))
+
+
+def servers(settings: Settings) -> dict[str, str]:
+    """Where this process works, safe to print: Redis, PostgreSQL and storage."""
+    return {
+        "redis": redact(settings.redis_url),
+        "database": redact(settings.database_url),
+        "storage": redact(settings.storage_url),
+    }
 
 
 def env_name(field: str) -> str:
@@ -244,7 +303,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             values[field] = parse(raw)
         except ValueError as exc:
             shown = "a hidden value" if field in SECRETS else repr(raw)
-            raise SettingsError(env_name(field), f"{exc} (got {shown})") from None
+            raise SettingsError(env_name(field), redact(f"{exc} (got {shown})")) from None
     known = {env_name(f) for f in PARSERS}
     for name in environ:
         if name.startswith("DARKROOM_") and name not in known:
@@ -293,12 +352,20 @@ def _flag(raw: str) -> bool:
     return raw.lower() in ("1", "true", "yes")
 
 
+# The floor of the URL's durations (seconds) and counts; socket_timeout must also exceed
+# DARKROOM_READ_BLOCK_MS by 1 s (_check_socket_timeout).
+REDIS_MINIMUMS: dict[str, float] = {
+    "socket_timeout": 1.0,
+    "socket_connect_timeout": 0.1,
+    "health_check_interval": 1.0,
+    "max_connections": 1,
+}
 # Connection options accepted in the URL's query string (redis-py keyword arguments).
 REDIS_OPTIONS: dict[str, Callable[[str], Any]] = {
-    "socket_timeout": _positive(float),
-    "socket_connect_timeout": _positive(float),
-    "health_check_interval": _positive(float),
-    "max_connections": _positive(int),
+    "socket_timeout": _at_least(float, REDIS_MINIMUMS["socket_timeout"]),
+    "socket_connect_timeout": _at_least(float, REDIS_MINIMUMS["socket_connect_timeout"]),
+    "health_check_interval": _at_least(float, REDIS_MINIMUMS["health_check_interval"]),
+    "max_connections": _at_least(int, REDIS_MINIMUMS["max_connections"]),
     "client_name": _nonempty,
     "ssl_ca_certs": _nonempty,
     "ssl_certfile": _nonempty,

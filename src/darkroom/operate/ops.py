@@ -16,7 +16,7 @@ from darkroom.operate.progress import Pacer, Progress
 from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.services import services
-from darkroom.settings import Settings
+from darkroom.settings import Settings, servers
 from darkroom.store import db
 
 # A consumer idle longer than this is marked in `status` and pruned by default (1 h).
@@ -38,7 +38,7 @@ def mark_idle(consumers: list[dict[str, Any]], bound_ms: int = IDLE_BOUND_MS) ->
 
 async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     async with services(settings, 1) as (pool, streams):
-        report = await status_report(pool, streams)
+        report = {"servers": servers(settings), **await status_report(pool, streams)}
     if args.json:
         print(msgspec.json.encode(report).decode())
     else:
@@ -49,6 +49,7 @@ async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
 def _format_status(report: dict[str, Any]) -> str:
     stale = "  idle over 1 h: `darkroom consumers prune` removes it once nothing is pending"
     lines = [
+        *(f"{name:<14}{where}" for name, where in report.get("servers", {}).items()),
         f"stream        {report['stream']}  length={report['length']}",
         f"group         {report['group']}  lag={report['lag']}  pending={report['pending']}",
         f"dead letters  {report['dead_letter_stream']}  length={report['dead_letters']}",

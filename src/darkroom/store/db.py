@@ -310,46 +310,68 @@ async def record_retry(
     return bool(changed)
 
 
-# A final failure only through the entry that owns the job (or when no entry does yet):
-# a stale duplicate of a photo re-enqueued through a newer entry cannot fail it.
+# A final failure only by the delivery that owns the job: its entry, under this consumer,
+# `active` (claimed). A worker that lost the entry to another consumer (XAUTOCLAIM after
+# a lost heartbeat) cannot fail the photo the new owner is publishing; a stale duplicate
+# of a photo re-enqueued through a newer entry cannot fail it either. One statement: the
+# photo is locked first, as by every other statement that changes both.
 FAIL_SQL = """
-WITH photo AS (
+WITH p AS (
+    SELECT id, processing_state IN ('uploaded', 'processing') AS open
+    FROM photos WHERE id = $1 FOR UPDATE
+), j AS (
+    -- locked after the photo, so this is the job as it is now: a claim that took it over
+    -- meanwhile (under the photo's lock) has committed
+    SELECT jobs.stream_entry,
+           jobs.stream_entry = $4 AND jobs.consumer = $5 AND jobs.state = 'active' AS owned
+    FROM photo_jobs jobs JOIN p ON jobs.photo_id = p.id
+    WHERE jobs.type = 'process'
+    FOR UPDATE OF jobs
+), job AS (
+    UPDATE photo_jobs SET state = 'failed', error_code = $2, last_error = $3,
+        next_retry_at = NULL, finished_at = now(), updated_at = now()
+    FROM p, j WHERE photo_jobs.photo_id = p.id AND photo_jobs.type = 'process'
+      AND p.open AND j.owned
+    RETURNING photo_jobs.photo_id
+), photo AS (
     UPDATE photos SET processing_state = 'processing_failed', error_code = $2,
         updated_at = now(), last_activity_at = now()
-    WHERE id = $1 AND processing_state IN ('uploaded', 'processing')
-      AND NOT EXISTS (
-        SELECT 1 FROM photo_jobs
-        WHERE photo_id = $1 AND type = 'process' AND stream_entry IS DISTINCT FROM $4
-          AND stream_entry IS NOT NULL)
-    RETURNING id
+    WHERE id IN (SELECT photo_id FROM job)
 )
-INSERT INTO photo_jobs AS j (photo_id, type, state, error_code, last_error, finished_at,
-                             stream_entry)
-SELECT id, 'process', 'failed', $2, $3, now(), $4 FROM photo
-ON CONFLICT (photo_id, type) DO UPDATE SET state = 'failed', error_code = EXCLUDED.error_code,
-    last_error = EXCLUDED.last_error, next_retry_at = NULL, finished_at = now(),
-    stream_entry = EXCLUDED.stream_entry, updated_at = now()
-RETURNING j.attempt
+SELECT CASE
+    WHEN EXISTS (SELECT 1 FROM job) THEN 'failed'
+    WHEN NOT EXISTS (SELECT 1 FROM p WHERE open) THEN 'finished'
+    WHEN EXISTS (SELECT 1 FROM j WHERE stream_entry <> $4) THEN 'finished'
+    ELSE 'not_owner' END
 """
+
+FailRecord = Literal["failed", "finished", "not_owner"]
 
 
 @translated
 async def record_failure(
-    pool: Pool, photo_id: uuid.UUID, entry_id: str, code: str, message: str
-) -> bool:
-    """Final failure, atomically on job and photo; False if the photo is already terminal
-    (processed, or failed through another delivery), gone, or owned by another entry:
-    nothing changes then."""
-    return await pool.fetchval(FAIL_SQL, photo_id, code, message[:2000], entry_id) is not None
+    pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str, code: str, message: str
+) -> FailRecord:
+    """Final failure, atomically on job and photo, by the delivery that owns the job:
+    `failed`. Nothing changes otherwise: `finished` when the photo is already terminal
+    (processed, or failed through another delivery), gone, or owned by another entry (this
+    entry is a stale duplicate); `not_owner` when this consumer does not hold the job
+    under this entry (another consumer reclaimed it, or this delivery never claimed it)."""
+    record: FailRecord = await pool.fetchval(
+        FAIL_SQL, photo_id, code, message[:2000], entry_id, consumer
+    )
+    return record
 
 
 # A re-render (a processed photo with a request) that failed for good: its job records the
 # code and message; the photo keeps its renditions, state and request (nothing else moves).
+# Only by the delivery that owns the job, as FAIL_SQL.
 RERENDER_FAILED_SQL = """
 UPDATE photo_jobs j SET state = 'failed', error_code = $2, last_error = $3,
     next_retry_at = NULL, finished_at = now(), updated_at = now()
 FROM photos p
 WHERE j.photo_id = $1 AND j.type = 'process' AND j.stream_entry = $4 AND j.state = 'active'
+  AND j.consumer = $5
   AND p.id = $1 AND p.processing_state = 'processed' AND p.rerender_requested_at IS NOT NULL
 RETURNING j.photo_id
 """
@@ -357,9 +379,11 @@ RETURNING j.photo_id
 
 @translated
 async def record_rerender_failure(
-    pool: Pool, photo_id: uuid.UUID, entry_id: str, code: str, message: str
+    pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str, code: str, message: str
 ) -> bool:
-    row = await pool.fetchval(RERENDER_FAILED_SQL, photo_id, code, message[:2000], entry_id)
+    row = await pool.fetchval(
+        RERENDER_FAILED_SQL, photo_id, code, message[:2000], entry_id, consumer
+    )
     return row is not None
 
 

@@ -28,6 +28,7 @@ from darkroom.errors import (
     Rule,
     StorageUnavailableError,
 )
+from darkroom.settings import DEFAULT_PROBE_KEY
 
 CONTENT_TYPES = {
     "webp": "image/webp",
@@ -37,7 +38,6 @@ CONTENT_TYPES = {
 }
 
 
-PROBE_KEY = ".darkroom-probe"
 # Objects per page of `list` on S3 (its own maximum for ListObjectsV2), and folders (one
 # per photo) per page in the local folder.
 LIST_PAGE = 1000
@@ -79,10 +79,11 @@ def _too_large(key: str, size: int, max_bytes: int) -> OriginalTooLargeError:
 
 
 class FileStorage:
-    """A local folder; writes go to a temporary name and are renamed into place."""
+    """A local folder; writes go to a temporary name in the same folder, fsynced, renamed
+    into place, and the folder fsynced: a put that returned survives a power cut."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, probe_key: str = DEFAULT_PROBE_KEY) -> None:
+        self.root, self.probe_key = root, probe_key
         self._base = os.path.abspath(root)  # resolved once, not per key
 
     def _path(self, key: str) -> Path:
@@ -103,7 +104,8 @@ class FileStorage:
     async def put(
         self, key: str, data: bytes, content_type: str, cache_control: str | None = None
     ) -> None:
-        """One thread hop per object: mkdir, write a temporary name, rename into place."""
+        """One thread hop per object: mkdir, write and fsync a temporary name, rename it
+        into place, fsync the folder."""
         try:
             await anyio.to_thread.run_sync(_write_file, self._path(key), data)
         except OSError as exc:
@@ -130,8 +132,8 @@ class FileStorage:
     async def probe(self) -> None:
         """Write and read back a small object: a read-only or full disk fails it."""
         try:
-            await self.put(PROBE_KEY, b"darkroom", "text/plain")
-            await anyio.Path(self._path(PROBE_KEY)).read_bytes()
+            await self.put(self.probe_key, b"darkroom", "text/plain")
+            await anyio.Path(self._path(self.probe_key)).read_bytes()
         except (OSError, OriginalMissingError) as exc:
             raise StorageUnavailableError(f"storage folder {self.root}: {exc}") from exc
 
@@ -148,15 +150,42 @@ def _read_file(path: Path, key: str, max_bytes: int) -> bytes:
 
 
 def _write_file(path: Path, data: bytes) -> None:
+    # Ordering: the bytes are on disk before the rename publishes the name, and the name
+    # is on disk (folder fsynced) before put returns, so before the publishing commit.
+    _make_folders(path.parent)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    _fsync_folder(path.parent)
+
+
+def _make_folders(folder: Path) -> None:
+    """mkdir -p, fsyncing the parent of each folder it creates (a new name is an entry
+    in its parent, lost in a power cut until the parent is synced)."""
+    missing: list[Path] = []
+    while not folder.is_dir():
+        missing.append(folder)
+        folder = folder.parent
+    for new in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another put made it meanwhile
+            new.mkdir()
+        _fsync_folder(new.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove_file(path: Path) -> None:
@@ -233,9 +262,16 @@ def _s3_rules() -> tuple[Rule, ...]:
 class S3Storage:
     """A bucket (and optional key prefix) through one long-lived aioboto3 client."""
 
-    def __init__(self, client: Any, stack: contextlib.AsyncExitStack, bucket: str, prefix: str):
+    def __init__(
+        self,
+        client: Any,
+        stack: contextlib.AsyncExitStack,
+        bucket: str,
+        prefix: str,
+        probe_key: str = DEFAULT_PROBE_KEY,
+    ):
         self.client, self._stack, self.bucket, self.prefix = client, stack, bucket, prefix
-        self.rules = _s3_rules()
+        self.rules, self.probe_key = _s3_rules(), probe_key
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}{key}"
@@ -306,10 +342,11 @@ class S3Storage:
         return ObjectForbiddenError(f"access denied to {key} while the bucket answers: {exc}")
 
     async def probe(self) -> None:
-        """Write and read back a small object under the prefix: what the worker needs
-        (a HEAD answers 403 or 404 alike when access is gone)."""
+        """Write and read back a small object where the worker writes renditions: what the
+        worker needs (a HEAD answers 403 or 404 alike when access is gone), and what a
+        least-privilege policy allows."""
         with errors.map_exceptions(self.rules):
-            key = self._key(PROBE_KEY)
+            key = self._key(self.probe_key)
             await self.client.put_object(Bucket=self.bucket, Key=key, Body=b"darkroom")
             response = await self.client.get_object(Bucket=self.bucket, Key=key)
             async with response["Body"] as body:
@@ -319,11 +356,13 @@ class S3Storage:
         await self._stack.aclose()
 
 
-async def open_storage(url: str, endpoint_url: str | None = None) -> Storage:
+async def open_storage(
+    url: str, endpoint_url: str | None = None, probe_key: str = DEFAULT_PROBE_KEY
+) -> Storage:
     """`file:PATH` (relative to the working directory) or `s3://BUCKET[/PREFIX]`."""
     parts = urlsplit(url)
     if parts.scheme == "file":
-        return FileStorage(Path(parts.netloc + parts.path))
+        return FileStorage(Path(parts.netloc + parts.path), probe_key)
     import aioboto3
     from botocore.config import Config
 
@@ -338,4 +377,4 @@ async def open_storage(url: str, endpoint_url: str | None = None) -> Storage:
         aioboto3.Session().client("s3", endpoint_url=endpoint_url, config=config)
     )
     prefix = parts.path.strip("/")
-    return S3Storage(client, stack, parts.netloc, f"{prefix}/" if prefix else "")
+    return S3Storage(client, stack, parts.netloc, f"{prefix}/" if prefix else "", probe_key)

@@ -5,6 +5,8 @@ login form and gets a session cookie (HttpOnly, SameSite=Strict, Secure over HTT
 holding a random nonce, a flag and the time, signed with HMAC-SHA256 under a key derived
 from the token: rotating the token ends every session, and the cookie never carries the
 token. Every form carries a CSRF token, the HMAC of the session's nonce, checked on POST.
+Every comparison is of bytes (`same`): a cookie or form field with non-ASCII text is a
+mismatch, never an error.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ class Session:
     issued_s: int
 
 
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")  # any text encodes, lone surrogates too
+
+
+def same(candidate: str, expected: str) -> bool:
+    """Constant-time equality of two texts, whatever they hold: compare_digest refuses
+    non-ASCII `str`, so both are compared as bytes."""
+    return hmac.compare_digest(_utf8(candidate), _utf8(expected))
+
+
 def _b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
@@ -48,12 +60,12 @@ class Auth:
         return self.token is not None
 
     def _sign(self, payload: str) -> str:
-        return _b64(hmac.new(self._key, payload.encode(), hashlib.sha256).digest())
+        return _b64(hmac.new(self._key, _utf8(payload), hashlib.sha256).digest())
 
     def token_matches(self, candidate: str) -> bool:
         if self.token is None:
             return False
-        return hmac.compare_digest(candidate.encode(), self.token.encode())
+        return same(candidate, self.token)
 
     def bearer(self, header: str | None) -> Verdict:
         """`none` without an Authorization header, `ok` for the token, else `wrong`."""
@@ -74,9 +86,12 @@ class Auth:
         if not cookie or not self.enabled or cookie.count(".") != 3:
             return None
         nonce, operator, issued, signature = cookie.split(".")
-        if not hmac.compare_digest(signature, self._sign(f"{nonce}.{operator}.{issued}")):
+        if not same(signature, self._sign(f"{nonce}.{operator}.{issued}")):
             return None
-        if not issued.isdigit() or time.time() - int(issued) > SESSION_MAX_AGE_S:
+        if (
+            not (issued.isascii() and issued.isdigit())
+            or time.time() - int(issued) > SESSION_MAX_AGE_S
+        ):
             return None
         return Session(nonce, operator == "1", int(issued))
 
@@ -84,6 +99,4 @@ class Auth:
         return self._sign(f"csrf:{session.nonce}")
 
     def csrf_ok(self, session: Session, candidate: object) -> bool:
-        return isinstance(candidate, str) and hmac.compare_digest(
-            candidate, self.csrf_token(session)
-        )
+        return isinstance(candidate, str) and same(candidate, self.csrf_token(session))

@@ -16,7 +16,7 @@ from starlette.templating import Jinja2Templates
 from darkroom.errors import DarkroomError
 from darkroom.operate.web.auth import COOKIE, SESSION_MAX_AGE_S, Auth
 from darkroom.queue.streams import Streams
-from darkroom.settings import Settings
+from darkroom.settings import Settings, redact
 from darkroom.store import db
 from darkroom.store.storage import Storage
 
@@ -88,7 +88,7 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
 
 async def on_dependency_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, DarkroomError)
-    message = f"{exc.code}: {exc}"
+    message = redact(f"{exc.code}: {exc}")
     if wants_html(request):
         return render(request, "error.html", 503, message=message)
     return JSONResponse({"error": message, "code": exc.code}, 503)
