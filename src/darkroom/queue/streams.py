@@ -245,6 +245,8 @@ class Streams:
     async def read_new(self, count: int, block_ms: int) -> list[Entry]:
         reply = await self._read("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT",
                                  count, "BLOCK", block_ms, "STREAMS", self.stream, ">")  # fmt: skip
+        if isinstance(reply, dict):  # RESP3 (redis-py 8's default): a map {stream: entries}
+            reply = list(reply.items())
         return _entries(reply[0][1]) if reply else []
 
     @translated
