@@ -23,7 +23,7 @@ import pytest
 from tests.chaos import failover
 from tests.chaos.rig import BUCKET, DEAD, PREFIX, STREAM, Rig
 from tests.conftest import PHOTOS
-from tests.test_entries import SHAPES
+from tests.malformed import SHAPES
 
 SEED = 20240611
 SETTINGS = {"DARKROOM_CONCURRENCY": "2", "DARKROOM_CLAIM_IDLE_MS": "3000",
