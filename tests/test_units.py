@@ -21,7 +21,15 @@ from darkroom.errors import (
 )
 from darkroom.operate.web.auth import Auth
 from darkroom.queue import policy
-from darkroom.queue.messages import DeadLetter, Entry, parse_task
+from darkroom.queue.messages import (
+    KEPT_CHARS,
+    KEPT_FIELDS,
+    DeadLetter,
+    Entry,
+    escaped,
+    parse_task,
+    received,
+)
 from darkroom.settings import (
     MINIMUMS,
     PARSERS,
@@ -111,8 +119,74 @@ def test_entry_codec() -> None:
             parse_task(Entry("1-0", fields))
     letter = DeadLetter(photo_id="p", source_id="1-0", error_code="c", error="e", attempts=2,
                         stage="render", consumer="w")  # fmt: skip
-    fields = letter.fields({"photo_id": "p", "extra": "x"})
+    fields = letter.fields(Entry("1-0", {"photo_id": "p", "extra": "x"}))
     assert fields["extra"] == "x" and fields["orig_photo_id"] == "p" and fields["attempts"] == "2"
+    assert fields["field_count"] == "2"
+
+
+def _sent(*flat: bytes) -> Entry:
+    return received("1-0", flat)
+
+
+UUID = str(uuid.UUID(int=7)).encode()
+MALFORMED = {
+    "no photo_id": _sent(b"note", b"x"),
+    "not a UUID": _sent(b"photo_id", b"42"),
+    "a 1 MB id": _sent(b"photo_id", b"a" * 1_000_000),
+    "id not UTF-8": _sent(b"photo_id", b"\xff\xfe"),
+    "name not UTF-8": _sent(b"photo_id", UUID, b"n\xffote", b"x"),
+    "value not UTF-8": _sent(b"photo_id", UUID, b"note", b"\xff\xfe"),
+    "photo_id twice": _sent(b"photo_id", UUID, b"photo_id", UUID),
+    "another name twice": _sent(b"photo_id", UUID, b"a", b"1", b"a", b"2"),
+    "too many fields": _sent(b"photo_id", UUID, *(b"f%d" % i for i in range(2 * 16))),
+    "a 1 MB value": _sent(b"photo_id", UUID, b"blob", b"v" * 1_000_000),
+    "a long name": _sent(b"photo_id", UUID, b"n" * 1025, b"x"),
+    "empty": _sent(b"", b""),
+}
+
+
+@pytest.mark.parametrize("shape", MALFORMED)
+def test_a_malformed_entry_is_a_bad_message(shape: str) -> None:
+    """Each shape a producer can XADD but darkroom cannot trust is a bad_message, with a
+    message short enough for a log line and free of raw bytes."""
+    with pytest.raises(BadMessageError) as caught:
+        parse_task(MALFORMED[shape])
+    message = str(caught.value)
+    assert len(message) < 200 and message.isprintable(), message
+
+
+def test_a_well_formed_entry_with_small_extra_fields_is_a_task() -> None:
+    """A UUID photo_id beside up to 15 more small UTF-8 fields is still a task."""
+    extra = [b"k%d" % i for i in range(15) for _ in (0, 1)]
+    assert parse_task(_sent(b"photo_id", UUID, *extra)).photo_id == uuid.UUID(int=7)
+    assert parse_task(_sent(b"trace", "é".encode(), b"photo_id", b" " + UUID)).photo_id
+
+
+def test_escaped_shows_every_byte_and_escapes_once() -> None:
+    """Bytes that are not UTF-8 and control characters show as \\xNN; UTF-8 text stays;
+    escaping an escaped text changes nothing; a cut never splits an escape."""
+    every_byte = bytes(range(256))
+    shown = escaped(every_byte)
+    assert shown.isprintable() and "\\xff" in shown and "\\x00" in shown and "XYZ" in shown
+    assert escaped(shown.encode()) == shown
+    assert escaped("naïve café 写真".encode()) == "naïve café 写真"
+    cut = escaped(b"ab" + b"\xff" * 600, 10)
+    assert cut == "ab\\xff\\xff… [602 bytes]"
+
+
+def test_a_dead_letter_keeps_a_bounded_escaped_copy_of_what_was_sent() -> None:
+    """At most 64 fields of at most 1 KiB (escaped) are kept, a repeated name is numbered,
+    a name of ours is prefixed orig_, and the total field count is recorded."""
+    letter = DeadLetter(photo_id="", source_id="1-0", error_code="bad_message", error="e",
+                        attempts=1, stage="read", consumer="w")  # fmt: skip
+    huge = _sent(*(b"f%d" % (i // 2) if i % 2 == 0 else b"\xff" * 5000 for i in range(40_000)))
+    fields = letter.fields(huge)
+    assert len(fields) == KEPT_FIELDS + 9 and fields["field_count"] == "20000"
+    assert fields["f0"].startswith("\\xff") and fields["f0"].endswith("… [5000 bytes]")
+    assert max(len(v) for v in fields.values()) <= KEPT_CHARS + 20
+    twice = letter.fields(_sent(b"photo_id", b"a", b"photo_id", b"b", b"x", b"1", b"x", b"2"))
+    assert (twice["orig_photo_id"], twice["orig_photo_id #2"]) == ("a", "b")
+    assert (twice["x"], twice["x #2"], twice["photo_id"]) == ("1", "2", "")
 
 
 def test_error_codes_are_unique_snake_case() -> None:

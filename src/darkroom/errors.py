@@ -126,7 +126,7 @@ class InternalError(TransientError):
 
 def _table() -> dict[str, CodeInfo]:
     docs = {
-        "bad_message": "stream entry has no valid photo_id field",
+        "bad_message": "stream entry is not a UUID photo_id among at most 16 small UTF-8 fields",
         "original_missing": "no original at the photo's original_key",
         "original_too_large": "original is larger than DARKROOM_MAX_ORIGINAL_BYTES",
         "unsupported_format": "content is not JPEG, PNG, WebP, GIF, HEIC/HEIF or AVIF",

@@ -24,6 +24,7 @@ from darkroom import metrics
 from darkroom.errors import (
     ERROR_CODES,
     AttemptsExhaustedError,
+    BadMessageError,
     DarkroomError,
     InternalError,
     first_error,
@@ -73,9 +74,7 @@ class Jobs:
 
     async def handle(self, entry: Entry, deliveries: int) -> None:
         started = time.monotonic()
-        bound = log.bind(
-            entry_id=entry.id, photo_id=entry.fields.get("photo_id"), attempt=deliveries
-        )
+        bound = log.bind(entry_id=entry.id, photo_id=_logged_photo_id(entry), attempt=deliveries)
         try:
             outcome = await self._resilient(entry, deliveries)
             metrics.OUTCOMES.labels(outcome).inc()
@@ -113,9 +112,11 @@ class Jobs:
                     raise LeftPending from exc
 
     async def _process(self, entry: Entry, deliveries: int, claims: dict[str, db.Claim]) -> str:
-        task = parse_task(entry)
+        # The cap comes first, whatever the entry holds: nothing about its content may
+        # keep an entry delivered past the cap from being given up.
         if deliveries > self.settings.max_attempts:
-            await self._past_the_cap(entry, task.photo_id, deliveries, claims)
+            await self._given_up(entry, deliveries, claims)
+        task = parse_task(entry)
         claim = claims.get(entry.id) or await db.claim(
             self.pool, task.photo_id, entry.id, self.streams.consumer
         )
@@ -142,6 +143,17 @@ class Jobs:
         current = [r["key"] for r in renditions]
         await self._delete_superseded(task.photo_id, keys.superseded(replaced, current))
         return "published"
+
+    async def _given_up(self, entry: Entry, deliveries: int, claims: dict[str, db.Claim]) -> None:
+        """Past the cap: a malformed entry names no photo to ask about, so it is given up
+        at once (parse_task is pure and raises only BadMessageError); a well-formed one
+        goes to `_past_the_cap`."""
+        try:
+            photo_id = parse_task(entry).photo_id
+        except BadMessageError as exc:
+            message = f"delivered {deliveries} times without finishing; {exc}"
+            raise AttemptsExhaustedError(message) from exc
+        await self._past_the_cap(entry, photo_id, deliveries, claims)
 
     async def _past_the_cap(
         self, entry: Entry, photo_id: uuid.UUID, deliveries: int, claims: dict[str, db.Claim]
@@ -301,7 +313,13 @@ class Jobs:
             stage=stage,
             consumer=self.streams.consumer,
         )
-        await self.streams.dead_letter(entry.id, letter.fields(entry.fields))
+        await self.streams.dead_letter(entry.id, letter.fields(entry))
+
+
+def _logged_photo_id(entry: Entry) -> str | None:
+    """For the log line: the field as text (escaped), cut short, whatever was sent."""
+    shown = entry.fields.get("photo_id")
+    return None if shown is None else shown[:80]
 
 
 def _photo_id(entry: Entry) -> uuid.UUID | None:

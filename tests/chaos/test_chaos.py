@@ -1,6 +1,6 @@
 """Chaos test of "Never lose a photo, never loop on one": every photo XADDed ends terminal,
-whatever crashes, restarts, outages or failovers happen, and a duplicate delivery never does
-harm."""
+whatever crashes, restarts, outages or failovers happen, a duplicate delivery never does
+harm, and a malformed entry is dead-lettered once."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ import botocore.exceptions
 import pytest
 
 from tests.chaos import failover
-from tests.chaos.rig import BUCKET, DEAD, PREFIX, Rig
+from tests.chaos.rig import BUCKET, DEAD, PREFIX, STREAM, Rig
 from tests.conftest import PHOTOS
+from tests.malformed import SHAPES
 
 SEED = 20240611
 SETTINGS = {"DARKROOM_CONCURRENCY": "2", "DARKROOM_CLAIM_IDLE_MS": "3000",
@@ -39,7 +40,8 @@ WINDOW_S, DRAIN_DEADLINE_S, STALL_S = 122.0, 600.0, 60.0
 # chunk is ingested (so it meets a backlog) and ≥ failover.TAIL_S after the previous one.
 SCHEDULE = [(3, "ingest"), (5, "sigstop"), (8, "ingest"), (12, "s3_pause"), (16, "ingest"),
             (21, "ingest"), (25, "pg_terminate"), (29, "pg_cut"), (33, "redis_restart"),
-            (37, "ingest"), (41, "ingest"), (44, "ingest"), (45, "redis_replica"),
+            (37, "ingest"), (39, "malformed"), (41, "ingest"), (44, "ingest"),
+            (45, "redis_replica"),
             (60, "ingest"), (61, "pg_read_only"), (96, "ingest"), (97, "s3_denied")]  # fmt: skip
 FAULT_KINDS = {"sigkill", "sigstop", "s3_pause", "pg_terminate", "pg_cut", "redis_restart",
                *failover.FAILOVER_S}  # fmt: skip
@@ -72,6 +74,7 @@ class Chaos:
         self.frozen: int | None = None
         self.spared = 0
         self.quiet_until = 0.0  # no event before (seconds into the run)
+        self.malformed: dict[str, str] = {}  # entry id -> shape (tests/test_entries.py)
 
     def ingest(self, chunk: list[tuple[Path, str]]) -> None:
         ids = self.rig.ingest([path for path, _ in chunk])
@@ -131,6 +134,10 @@ class Chaos:
         rig = self.rig
         if kind == "ingest":
             self.ingest(self.chunks.pop(0))
+        elif kind == "malformed":  # after the Redis restart, so their letters stay
+            with rig.redis() as client:
+                for shape, flat in SHAPES.items():
+                    self.malformed[client.execute_command("XADD", STREAM, "*", *flat)] = shape
         elif kind == "sigstop":  # longer than the claim idle time: its entries get stolen
             self.frozen = slot = self.rng.randrange(rig.n_workers)
             rig.signal_worker(slot, signal.SIGSTOP)
@@ -226,7 +233,8 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 @pytest.mark.chaos
 @pytest.mark.timeout(1200)
 def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
-    """Kills, a freeze, a Redis wipe, PG and S3 outages: every photo ends terminal, once."""
+    """Kills, a freeze, a Redis wipe, PG and S3 outages: every photo ends terminal, once, and
+    every malformed entry of a burst is dead-lettered once."""
     started, rng = time.monotonic(), random.Random(SEED)
     files, expected = corpus(tmp_path, rng), {}
     n_chunks = sum(kind == "ingest" for _, kind in SCHEDULE)
@@ -247,7 +255,10 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
         " p.processed_at, p.renditions, p.updated_at, j.state AS job, j.attempt, j.last_error"
         " FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id")}  # fmt: skip
     with rig.redis() as client:
-        letters = [fields for _, fields in client.xrange(DEAD)]
+        every_letter = [fields for _, fields in client.xrange(DEAD)]
+    letters = [x for x in every_letter if x.get("source_id") not in chaos.malformed]
+    bad = Counter((x["source_id"], x["error_code"], x["field_count"]) for x in every_letter
+                  if x.get("source_id") in chaos.malformed)  # fmt: skip
     backlog, records = rig.backlog(), rig.log_records()
     events = Counter(x.get("event") for x in records)
     outcomes = Counter(x.get("outcome") for x in records if x.get("event") == "entry done")
@@ -272,7 +283,11 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
         "retries": events["attempt failed; will retry"],
         "requeued_by_sweeper": sum(x.get("count", 0) for x in records
                                    if x.get("event") == "swept lost photos back into the stream"),
-        "dead_letters": len(letters), "renditions_checked": len(keys),
+        "dead_letters": len(letters), "malformed_entries": len(chaos.malformed),
+        "malformed_dead_letters": bad.total(),
+        "malformed_attempts": dict(Counter(x["attempts"] for x in every_letter
+                                           if x.get("source_id") in chaos.malformed)),
+        "renditions_checked": len(keys),
         "worst_recovery_s": worst_recovery(chaos.faults, done),
         "longest_gap_between_entries_done_s": round(max((b - a for a, b in pairwise(done)),
                                                         default=0), 2),
@@ -319,6 +334,12 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
         "processed_at changed after the chaos window": [
             i for i, at in snapshot.items() if final.get(i) != at],
         "photos logged as published more than once": [i for i, n in published.items() if n > 1],
+        "rig: malformed entries not all sent": [] if len(chaos.malformed) == len(SHAPES) else
+            [len(chaos.malformed)],
+        "malformed entries not dead-lettered exactly once as bad_message with their field count": [
+            shape for entry, shape in chaos.malformed.items()
+            if bad[(entry, "bad_message", str(len(SHAPES[shape]) // 2))] != 1
+            or sum(n for (e, _, _), n in bad.items() if e == entry) != 1],
     }  # fmt: skip
     problems = [f"{what}: {len(found)}, e.g. " + "; ".join(map(show, found[:5]))
                 for what, found in checks.items() if found]  # fmt: skip

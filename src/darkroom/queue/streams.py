@@ -2,7 +2,8 @@
 
 Invariants: an entry is acked (and deleted, so the stream holds only the backlog) only
 after Postgres committed its outcome; nothing pending is ever trimmed; the dead-letter
-XADD and the source XACK+XDEL happen in one Lua script (keys of one hash slot). Driver
+XADD and the source XACK+XDEL happen in one Lua script (keys of one hash slot); entries
+are read as raw bytes (RAW_READS), so nothing a producer sends can fail a read. Driver
 errors become QueueUnavailableError here.
 """
 
@@ -16,10 +17,11 @@ import redis.asyncio as redis
 from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
+from redis.client import NEVER_DECODE
 
 from darkroom import errors
 from darkroom.errors import QueueUnavailableError, Rule
-from darkroom.queue.messages import Entry
+from darkroom.queue.messages import Entry, received
 from darkroom.settings import RedisTarget, parse_redis_url
 
 
@@ -184,8 +186,24 @@ return gone
 """
 
 
-def _entries(raw: Iterable[Any]) -> list[Entry]:
-    return [Entry(entry_id, dict(fields or {})) for entry_id, fields in raw]
+# Entries are untrusted bytes: these reads answer raw, undecoded RESP (NEVER_DECODE, and
+# no redis-py callback, whose dict would hide a repeated field), parsed by `_entries`.
+# Decoding a reply is then never the part that fails, whatever a producer sent.
+RAW_READS = ("XREADGROUP", "XAUTOCLAIM", "XCLAIM", "XRANGE")
+
+
+def _raw(response: Any, **options: Any) -> Any:
+    return response
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _entries(raw: Iterable[Any] | None) -> list[Entry]:
+    """Entries from a raw `[[id, [name, value, ...]], ...]`. An entry deleted while pending
+    comes back without fields (`[id, nil]`) and is left out: its photo is the sweep's."""
+    return [received(_text(i), fields) for i, fields in raw or [] if fields is not None]
 
 
 class Streams:
@@ -204,6 +222,12 @@ class Streams:
         self.dead_stream, self.dead_maxlen = dead_stream, dead_maxlen
         self._cursor = "0-0"
         self._scripts: dict[str, Any] = {}
+        for command in RAW_READS:  # on this client, these commands answer raw RESP
+            client.set_response_callback(command, _raw)
+
+    async def _read(self, *args: str | int) -> Any:
+        """One of RAW_READS, its reply as undecoded bytes."""
+        return await self.client.execute_command(*args, **{NEVER_DECODE: True})
 
     @translated
     async def ensure_group(self) -> None:
@@ -219,9 +243,10 @@ class Streams:
 
     @translated
     async def read_new(self, count: int, block_ms: int) -> list[Entry]:
-        reply: Any = await self.client.xreadgroup(
-            self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms
-        )
+        reply = await self._read("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT",
+                                 count, "BLOCK", block_ms, "STREAMS", self.stream, ">")  # fmt: skip
+        if isinstance(reply, dict):  # RESP3 (redis-py 8's default): a map {stream: entries}
+            reply = list(reply.items())
         return _entries(reply[0][1]) if reply else []
 
     @translated
@@ -234,8 +259,7 @@ class Streams:
         if not rows:
             return []
         ids = [row["message_id"] for row in rows]
-        claimed = await self.client.xclaim(self.stream, self.group, self.consumer, 0, ids)
-        return [e for e in _entries(claimed) if e.fields]
+        return _entries(await self._read("XCLAIM", self.stream, self.group, self.consumer, 0, *ids))
 
     @translated
     async def probe(self) -> None:
@@ -259,12 +283,11 @@ class Streams:
         """One XAUTOCLAIM step, keeping the cursor between calls (only `0-0` means a full
         pass). Returns the claimed entries and the ids of pending entries whose data was
         deleted (Redis drops those from the PEL; their photos must be re-enqueued)."""
-        reply = await self.client.xautoclaim(
-            self.stream, self.group, self.consumer, min_idle_ms, self._cursor, count=count
-        )
-        self._cursor = reply[0]
-        deleted = [str(i) for i in reply[2]] if len(reply) > 2 else []
-        return [e for e in _entries(reply[1]) if e.fields], deleted
+        reply = await self._read("XAUTOCLAIM", self.stream, self.group, self.consumer,
+                                 min_idle_ms, self._cursor, "COUNT", count)  # fmt: skip
+        self._cursor = _text(reply[0])
+        deleted = [_text(i) for i in reply[2]] if len(reply) > 2 else []
+        return _entries(reply[1]), deleted
 
     @translated
     async def deliveries(self, entry_id: str) -> int:
@@ -302,6 +325,8 @@ class Streams:
 
     @translated
     async def dead_letter(self, entry_id: str, fields: dict[str, str]) -> str:
+        """XADD the letter, then XACK + XDEL the entry, in one script. `fields` must be
+        bounded (messages.DeadLetter.fields: at most 73): Lua's unpack takes about 8,000."""
         args: list[str | int] = [self.dead_maxlen, self.group, entry_id, *_flat(fields)]
         dead_id, error = await self._run(DEAD_LETTER_LUA, [self.dead_stream, self.stream], args)
         if error and not _no_group(rx.ResponseError(error)):
@@ -311,8 +336,8 @@ class Streams:
     @translated
     async def oldest_entry_ms(self) -> int | None:
         """Time (ms, from the id) of the oldest entry still in the work stream."""
-        first = await self.client.xrange(self.stream, count=1)
-        return int(str(first[0][0]).split("-")[0]) if first else None
+        first = await self._read("XRANGE", self.stream, "-", "+", "COUNT", 1)
+        return int(_text(first[0][0]).split("-")[0]) if first else None
 
     @translated
     async def missing(self, entry_ids: Sequence[str]) -> set[str]:
@@ -376,9 +401,10 @@ class Streams:
 
     @translated
     async def dead_letter_page(self, after: str, count: int) -> list[Entry]:
-        """Dead letters oldest first, strictly after id `after` ("-" for the start)."""
+        """Dead letters oldest first, strictly after id `after` ("-" for the start), their
+        fields escaped (whatever bytes another writer put there)."""
         start = "-" if after == "-" else f"({after}"
-        return _entries(await self.client.xrange(self.dead_stream, start, "+", count=count) or [])
+        return _entries(await self._read("XRANGE", self.dead_stream, start, "+", "COUNT", count))
 
     @translated
     async def replay_once(self, dead_id: str, fields: dict[str, str]) -> str | None:
