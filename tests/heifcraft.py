@@ -323,11 +323,15 @@ def temporal_unit_layers(obu: bytes) -> tuple[bytes, list[int]]:
     return payload, [s for s in sizes if s]
 
 
-def layered(obu: bytes, size: tuple[int, int], props: list[tuple[bytes, bool]]) -> bytes:
+def layered(
+    obu: bytes, size: tuple[int, int], props: list[tuple[bytes, bool]], *, config_obus: bool = False
+) -> bytes:
     """An AVIF of one layered AV1 item (profile 0, 8-bit 4:2:0) whose ispe is `size`, the
-    output of its selected operating point, with a1lx and these further properties."""
+    output of its selected operating point, with a1lx and these further properties;
+    `config_obus` repeats the sequence header in av1C, as libavif writes it."""
     payload, sizes = temporal_unit_layers(obu)
-    config = box(b"av1C", bytes([0x81, 0x05, 0x0C, 0x00]))  # level 3.1, 4:2:0, no config OBUs
+    sequence_header = payload[: 2 + payload[1]] if config_obus else b""  # the first OBU
+    config = box(b"av1C", bytes([0x81, 0x05, 0x0C, 0x00]) + sequence_header)  # level 3.1, 4:2:0
     item_props = [(config, True), (ispe(*size), False), (full(b"pixi", bytes([3, 8, 8, 8])), False)]
     item_props += [(a1lx(sizes[:-1]), False), *props]
     return heif(b"avif", [Item(1, b"av01", payload, item_props)], [])

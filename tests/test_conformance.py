@@ -299,12 +299,15 @@ LAYERS = {0: (360, 182), 1: (718, 366), 2: (1436, 730)}
         ([(hc.lsel(0xFFFF), True)], 2),  # lsel's "no layer"
     ],
 )
+@pytest.mark.parametrize("config_obus", [False, True])
 def test_layered_av1_renders_the_selected_layer(
-    selection: list[tuple[bytes, bool]], layer: int
+    selection: list[tuple[bytes, bool]], layer: int, config_obus: bool
 ) -> None:
     """A 3-layer AV1 image renders the layer its operating point (a1op) or layer selection
-    (lsel) names, at that layer's size (its ispe), upright and in the right colours."""
-    image = rendered(hc.layered(layers_obu(), LAYERS[layer], selection))
+    (lsel) names, at that layer's size (its ispe), upright and in the right colours, whether
+    av1C repeats the sequence header or not."""
+    data = hc.layered(layers_obu(), LAYERS[layer], selection, config_obus=config_obus)
+    image = rendered(data)
     assert (image.width, image.height) == LAYERS[layer]
     assert_corners(image, [], LAYERS[layer])
 
