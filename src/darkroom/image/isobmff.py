@@ -40,6 +40,8 @@ class Location(NamedTuple):
 
 
 class Container(NamedTuple):
+    """What the meta box says: items, references and properties, as read by `parse`."""
+
     meta_span: tuple[int, int]  # the meta box's span in the file
     meta: list[Box]  # its children, in file order
     items: dict[int, bytes]  # item id → item type
@@ -81,8 +83,8 @@ def parse(data: bytes) -> Container:
         raise CorruptImageError("HEIF file has no meta box")
     box = data[meta_at[0] : meta_at[1]]
     meta = [(kind, box[body:end]) for kind, _, body, end in spans(box, header_size(box) + 4)]
-    boxes = dict(meta)
-    iprp = dict(payloads(boxes.get(b"iprp", b"")))
+    boxes = dict(reversed(meta))  # the first box of a type is the one read, as in heifedit.py
+    iprp = dict(reversed(list(payloads(boxes.get(b"iprp", b"")))))
     return Container(
         meta_at,
         meta,
