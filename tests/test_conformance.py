@@ -114,8 +114,7 @@ CROP = ("clap", (424, 246, -150, 60))  # 1436×730 → 424×246: libheif 1.23 al
 def test_miaf_hevc_with_transformative_properties_renders_as_specified(
     turn: int, mirror: int | None
 ) -> None:
-    """A 1436×730 HEVC image cropped by clap, turned by irot and mirrored by imir renders at
-    the cropped size, each corner the colour the specification puts there."""
+    """A 1436×730 HEVC cropped, turned and mirrored renders as the specification places it."""
     ops = [CROP, ("irot", (turn,))] + ([("imir", (mirror,))] if mirror is not None else [])
     image = rendered(hc.transformed(quadrants_hevc(), props(ops)))
     assert (image.width, image.height) == ((246, 424) if turn % 2 else (424, 246))
@@ -133,8 +132,7 @@ def test_libheif_alone_refuses_the_strong_crop() -> None:
 @pytest.mark.parametrize("turn", [0, 1, 2, 3])
 @pytest.mark.parametrize("mirror", [None, 0, 1])
 def test_own_transforms_give_libheifs_pixels(turn: int, mirror: int | None) -> None:
-    """Where libheif can apply clap/irot/imir itself (a crop within its bound), darkroom's
-    own application gives exactly its pixels: same rounding, direction and order."""
+    """Where libheif can apply clap/irot/imir itself, darkroom's own show the same picture."""
     ops = [("clap", (1400, 700, 5, -3)), ("irot", (turn,))] + (
         [("imir", (mirror,))] if mirror is not None else []
     )
@@ -205,8 +203,7 @@ def test_transform_steps_carry_the_size_along() -> None:
 
 
 def test_budget_counts_the_decode_before_the_crop() -> None:
-    """The pixel budget is DARKROOM_MAX_PIXELS over the 1436×730 decode, not the 424×246
-    shown: exactly that many renders, one fewer is image_too_large."""
+    """The budget covers the 1436×730 decode, not the 424×246 shown: inclusive, to the pixel."""
     data = hc.transformed(quadrants_hevc(), props([CROP, ("irot", (1,))]))
     assert rendered(data, 1436 * 730).width == 246
     with pytest.raises(ImageTooLargeError, match="1436x730"):
@@ -215,8 +212,7 @@ def test_budget_counts_the_decode_before_the_crop() -> None:
 
 @pytest.mark.parametrize("fmt", ["heic", "avif"])
 def test_bomb_cropped_by_clap_is_too_large(fmt: str) -> None:
-    """An image claiming 60000×60000 px, cropped by clap to 16×16, is image_too_large
-    before any decode, as is an overlay whose one input claims as much."""
+    """A 60000×60000 px image cropped to 16×16, or an overlay input as big, is image_too_large."""
     tile = hc.Tile(sample(f"sample.{fmt}"))
     bomb = hc.Item(
         1,
@@ -240,8 +236,7 @@ CYAN = (0, 65535, 65535, 65535)
 @pytest.mark.parametrize("fmt", ["heic", "avif"])
 @pytest.mark.parametrize("inside", [False, True])
 def test_overlay_placing_one_image_twice_renders(fmt: str, inside: bool) -> None:
-    """An iovl naming the same image twice renders on its canvas; a placement wholly
-    outside the canvas contributes nothing, one inside draws the image again."""
+    """An overlay placing one image twice renders; a placement outside the canvas adds nothing."""
     tile = quadrants_hevc() if fmt == "heic" else hc.Tile(sample("sample.avif"))
     tw, th = tile.size
     image = rendered(hc.overlay_twice(tile, (tw, 0) if inside else (5 * tw, 0), CYAN))
@@ -266,8 +261,7 @@ def test_libheif_alone_refuses_an_overlay_naming_one_image_twice() -> None:
 
 @pytest.mark.parametrize("primary", [1, 2])
 def test_two_images_cropped_by_clap_render_the_primary(primary: int) -> None:
-    """A file of two images, each cropped by its own clap (each beyond libheif 1.23's bound),
-    renders the primary one, at its own crop."""
+    """A file of two images, each cropped by its own clap, renders the primary at its crop."""
     first, second = ("clap", (424, 246, -150, 60)), ("clap", (300, 200, 32, -15))
     data = hc.two_cropped(quadrants_hevc(), hc.clap(*first[1]), hc.clap(*second[1]), primary)
     ops = [first if primary == 1 else second]
@@ -303,9 +297,7 @@ LAYERS = {0: (360, 182), 1: (718, 366), 2: (1436, 730)}
 def test_layered_av1_renders_the_selected_layer(
     selection: list[tuple[bytes, bool]], layer: int, config_obus: bool
 ) -> None:
-    """A 3-layer AV1 image renders the layer its operating point (a1op) or layer selection
-    (lsel) names, at that layer's size (its ispe), upright and in the right colours, whether
-    av1C repeats the sequence header or not."""
+    """A 3-layer AV1 image renders the layer a1op or lsel selects, at its size, upright."""
     data = hc.layered(layers_obu(), LAYERS[layer], selection, config_obus=config_obus)
     image = rendered(data)
     assert (image.width, image.height) == LAYERS[layer]
@@ -338,8 +330,7 @@ def test_layered_budget_counts_the_selected_layer() -> None:
 @pytest.mark.parametrize("fmt", ["heic", "avif"])
 @pytest.mark.parametrize("prop", [hc.clap(20, 20), hc.irot(1), hc.imir(0)])
 def test_non_essential_transformative_property_is_corrupt(fmt: str, prop: bytes) -> None:
-    """A clap, irot or imir not marked essential (the specification requires it; libavif:
-    "BMFF parse failed") is corrupt_image, not rendered untransformed or transformed."""
+    """A clap, irot or imir not marked essential (libavif: BMFF parse failed) is corrupt_image."""
     data = hc.transformed(hc.Tile(sample(f"sample.{fmt}")), [(prop, False)])
     with pytest.raises(CorruptImageError, match=f"non-essential {prop[4:8].decode()}") as caught:
         pipeline.render(data, FULL, BUDGET)
@@ -348,16 +339,14 @@ def test_non_essential_transformative_property_is_corrupt(fmt: str, prop: bytes)
 
 @pytest.mark.parametrize("fmt", ["heic", "avif"])
 def test_grid_naming_one_tile_twice_is_corrupt(fmt: str) -> None:
-    """A grid whose dimg names the same tile twice (libavif: "invalid image grid") is
-    corrupt_image."""
+    """A grid naming the same tile twice (libavif: invalid image grid) is corrupt_image."""
     data = hc.grid_twice(hc.Tile(sample(f"sample.{fmt}")))
     with pytest.raises(CorruptImageError, match="references tile 2 more than once"):
         pipeline.render(data, FULL, BUDGET)
 
 
 def test_sequence_header_of_the_layered_sample() -> None:
-    """The operating points and maximum frame size are read from the sequence header, and
-    the size is rewritten in place."""
+    """Operating points and maximum frame size are read, and the size rewritten in place."""
     payload, sizes = hc.temporal_unit_layers(layers_obu())
     seq = next(o for o in av1.obus(payload) if o.kind == av1.SEQUENCE_HEADER)
     header = av1.sequence_header(payload[seq.body : seq.end])
@@ -400,8 +389,7 @@ def test_output_layer_decision(
     ],
 )
 def test_rewrites_leave_ordinary_files_alone(data: bytes) -> None:
-    """A file with no repeated placement and no layer selection reaches libvips' libheif
-    byte for byte; only pi-heif's copy loses its transformative properties."""
+    """Ordinary files reach libheif byte for byte; pi-heif's copy only loses clap/irot/imir."""
     container = isobmff.check(data)
     assert heifedit.for_libheif(data, container, strip_transforms=False) == data
     stripped = heifedit.for_libheif(data, container, strip_transforms=True)
@@ -414,8 +402,7 @@ def test_rewrites_leave_ordinary_files_alone(data: bytes) -> None:
 
 
 def test_rewritten_meta_moves_to_the_end() -> None:
-    """A meta box that grows (an overlay's clone) is written after the data, the old one
-    left as a free box of its size, so no item's offset moves."""
+    """A meta box that grows moves after the data, the old one freed: no item offset moves."""
     data = hc.overlay_twice(hc.Tile(sample("sample.avif")), (5 * 24, 0), CYAN)
     container = isobmff.check(data)
     out = heifedit.for_libheif(data, container, strip_transforms=False)

@@ -115,8 +115,7 @@ def test_real_heif_files_pass_the_structure_check(name: str) -> None:
 
 
 def test_corrupt_structures_fail_through_the_worker(file_env: Env, tmp_path: Path) -> None:
-    """Through a real worker, invalid structures end processing_failed with corrupt_image,
-    and the valid conformance classes are processed at the size their structure says."""
+    """Through a worker: invalid structures fail as corrupt_image, valid classes are processed."""
     quadrants = Tile((Path(__file__).parent / "heif-samples" / "quadrants.heic").read_bytes())
     layers = (Path(__file__).parent / "heif-samples" / "quadrants-3layers.obu").read_bytes()
     bad = {
