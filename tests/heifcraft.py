@@ -1,5 +1,7 @@
 """Hand-made HEIF/AVIF files for tests: a valid grid image with more items than libheif's
-default limits allow, and files whose item references are invalid per ISO/IEC 23008-12."""
+default limits allow, files whose item references are invalid per ISO/IEC 23008-12, and
+(from `heif` down) any set of items, properties and references, re-boxing real HEVC and
+AV1 payloads into the conformance classes of tests/test_conformance.py."""
 
 from __future__ import annotations
 
@@ -157,3 +159,179 @@ def grid(
     meta = build(0)
     meta = build(len(ftyp) + len(meta))
     return ftyp + meta + box(b"mdat", grid + coded)
+
+
+class Item:
+    """One item of a hand-made file: its type, payload (in mdat) and properties, each a
+    (box, essential) pair associated in this order."""
+
+    def __init__(
+        self,
+        item_id: int,
+        kind: bytes,
+        data: bytes = b"",
+        props: list[tuple[bytes, bool]] | None = None,
+        *,
+        hidden: bool = False,
+    ) -> None:
+        self.id, self.kind, self.data = item_id, kind, data
+        self.props, self.hidden = props or [], hidden
+
+
+def ispe(width: int, height: int) -> bytes:
+    return full(b"ispe", struct.pack(">II", width, height))
+
+
+def clap(width: int, height: int, dx: int = 0, dy: int = 0) -> bytes:
+    """A clean aperture of width×height px, its centre moved (dx, dy) px from the image's."""
+    return box(b"clap", struct.pack(">IIIIiIiI", width, 1, height, 1, dx, 1, dy, 1))
+
+
+def irot(quarters: int) -> bytes:
+    """Rotation anti-clockwise by quarters × 90°."""
+    return box(b"irot", bytes([quarters & 3]))
+
+
+def imir(axis: int) -> bytes:
+    """Mirroring (ISO/IEC 23008-12:2022 6.5.12): axis 0 exchanges top and bottom, axis 1
+    left and right."""
+    return box(b"imir", bytes([axis & 1]))
+
+
+def a1op(index: int) -> bytes:
+    """The operating point of a layered AV1 item to decode (essential)."""
+    return box(b"a1op", bytes([index]))
+
+
+def lsel(layer: int) -> bytes:
+    """The layer of a layered item to output (essential)."""
+    return box(b"lsel", struct.pack(">H", layer))
+
+
+def a1lx(sizes: list[int]) -> bytes:
+    """Byte sizes of a layered AV1 item's layers but the last (which takes the rest)."""
+    return box(b"a1lx", b"\x01" + struct.pack(">3I", *[*sizes, 0, 0, 0][:3]))
+
+
+def grid_descriptor(columns: int, rows: int, width: int, height: int) -> bytes:
+    return struct.pack(">BBBBHH", 0, 0, rows - 1, columns - 1, width, height)
+
+
+def overlay_descriptor(
+    width: int, height: int, offsets: list[tuple[int, int]], fill: tuple[int, ...]
+) -> bytes:
+    """An `iovl` canvas of width×height filled with RGBA `fill` (16 bits per channel), one
+    (x, y) offset per referenced image."""
+    head = struct.pack(">BB4H", 0, 0, *fill) + struct.pack(">HH", width, height)
+    return head + b"".join(struct.pack(">hh", x, y) for x, y in offsets)
+
+
+def heif(
+    brand: bytes,
+    items: list[Item],
+    refs: list[tuple[bytes, int, list[int]]],
+    primary: int = 1,
+) -> bytes:
+    """A HEIF file of these items (payloads in mdat) and item references (type, from, to)."""
+    ftyp = box(b"ftyp", brand + b"\0\0\0\0" + b"mif1" + brand + b"miaf")
+    shared: dict[bytes, int] = {}  # equal property boxes are stored once in ipco
+    assoc = b""
+    for item in items:
+        marks = [shared.setdefault(prop, len(shared) + 1) | essential << 15
+                 for prop, essential in item.props]  # fmt: skip
+        assoc += struct.pack(f">HB{len(marks)}H", item.id, len(marks), *marks)
+    ipco = b"".join(shared)
+    ipma = full(b"ipma", struct.pack(">I", len(items)) + assoc, flags=1)  # 15-bit indices
+    iinf = full(b"iinf", struct.pack(">H", len(items)) + b"".join(
+        full(b"infe", struct.pack(">HH4s", i.id, 0, i.kind) + b"\0", version=2, flags=i.hidden)
+        for i in items))  # fmt: skip
+    iref = b"".join(
+        box(kind, struct.pack(f">HH{len(targets)}H", source, len(targets), *targets))
+        for kind, source, targets in refs
+    )
+
+    def build(mdat_at: int) -> bytes:
+        at, locations = mdat_at + 8, b""
+        for item in items:
+            locations += struct.pack(">HHHII", item.id, 0, 1, at, len(item.data))
+            at += len(item.data)
+        iloc = full(b"iloc", struct.pack(">BBH", 0x44, 0x00, len(items)) + locations)
+        hdlr = full(b"hdlr", b"\0\0\0\0pict" + b"\0" * 12 + b"\0")
+        pitm = full(b"pitm", struct.pack(">H", primary))
+        boxes = hdlr + pitm + iloc + iinf + (full(b"iref", iref) if refs else b"")
+        return full(b"meta", boxes + box(b"iprp", box(b"ipco", ipco) + ipma))
+
+    meta = build(0)
+    meta = build(len(ftyp) + len(meta))
+    return ftyp + meta + box(b"mdat", b"".join(item.data for item in items))
+
+
+def coded(tile: Tile, item_id: int, props: list[tuple[bytes, bool]] | None = None) -> Item:
+    """A coded image item of the tile's payload, with its codec configuration, size and pixi
+    (essential as the spec requires) before any further properties."""
+    base = [(tile.config, True), (ispe(*tile.size), False)]
+    base += [(tile.pixi, False)] if tile.pixi else []
+    return Item(item_id, tile.item_type, tile.coded, base + (props or []))
+
+
+def transformed(tile: Tile, props: list[tuple[bytes, bool]]) -> bytes:
+    """A MIAF file of one coded image carrying these (transformative) properties."""
+    return heif(tile.brand, [coded(tile, 1, props)], [])
+
+
+def overlay_twice(tile: Tile, second: tuple[int, int], fill: tuple[int, ...]) -> bytes:
+    """An `iovl` of two tiles' size placing the same tile item at (0, 0) and at `second`."""
+    width, height = tile.size[0] * 2, tile.size[1]
+    canvas = overlay_descriptor(width, height, [(0, 0), second], fill)
+    overlay = Item(1, b"iovl", canvas, [(ispe(width, height), False)])
+    inner = coded(tile, 2)
+    inner.hidden = True
+    return heif(tile.brand, [overlay, inner], [(b"dimg", 1, [2, 2])])
+
+
+def grid_twice(tile: Tile) -> bytes:
+    """A 2×1 grid whose `dimg` names the same tile item twice."""
+    width, height = tile.size[0] * 2, tile.size[1]
+    grid = Item(1, b"grid", grid_descriptor(2, 1, width, height), [(ispe(width, height), False)])
+    inner = coded(tile, 2)
+    inner.hidden = True
+    return heif(tile.brand, [grid, inner], [(b"dimg", 1, [2, 2])])
+
+
+def two_cropped(tile: Tile, first: bytes, second: bytes, primary: int = 1) -> bytes:
+    """Two coded images of the tile's payload, each cropped by its own clap."""
+    items = [coded(tile, 1, [(first, True)]), coded(tile, 2, [(second, True)])]
+    return heif(tile.brand, items, [], primary=primary)
+
+
+def temporal_unit_layers(obu: bytes) -> tuple[bytes, list[int]]:
+    """An AV1 temporal unit as an AVIF item payload (its temporal delimiter dropped) and
+    the byte size of each spatial layer in it, by the OBUs' extension headers."""
+    payload, sizes, pos = b"", [0, 0, 0, 0], 0
+    while pos < len(obu):
+        header, extended = obu[pos], bool(obu[pos] & 4)
+        size, at, shift = 0, pos + 1 + extended, 0
+        while True:
+            size |= (obu[at] & 0x7F) << shift
+            at, shift = at + 1, shift + 7
+            if not obu[at - 1] & 0x80:
+                break
+        if (header >> 3) & 15 != 2:  # OBU_TEMPORAL_DELIMITER
+            payload += obu[pos : at + size]
+            sizes[(obu[pos + 1] >> 3) & 3 if extended else 0] += at + size - pos
+        pos = at + size
+    return payload, [s for s in sizes if s]
+
+
+def layered(
+    obu: bytes, size: tuple[int, int], props: list[tuple[bytes, bool]], *, config_obus: bool = False
+) -> bytes:
+    """An AVIF of one layered AV1 item (profile 0, 8-bit 4:2:0) whose ispe is `size`, the
+    output of its selected operating point, with a1lx and these further properties;
+    `config_obus` repeats the sequence header in av1C, as libavif writes it."""
+    payload, sizes = temporal_unit_layers(obu)
+    sequence_header = payload[: 2 + payload[1]] if config_obus else b""  # the first OBU
+    config = box(b"av1C", bytes([0x81, 0x05, 0x0C, 0x00]) + sequence_header)  # level 3.1, 4:2:0
+    item_props = [(config, True), (ispe(*size), False), (full(b"pixi", bytes([3, 8, 8, 8])), False)]
+    item_props += [(a1lx(sizes[:-1]), False), *props]
+    return heif(b"avif", [Item(1, b"av01", payload, item_props)], [])

@@ -14,7 +14,18 @@ from darkroom.image import gif, isobmff, pipeline
 from darkroom.image.selfcheck import sample
 from darkroom.settings import parse_renditions
 from tests.conftest import PHOTOS, Env
-from tests.heifcraft import grid
+from tests.heifcraft import (
+    Tile,
+    a1op,
+    clap,
+    grid,
+    grid_twice,
+    imir,
+    irot,
+    layered,
+    overlay_twice,
+    transformed,
+)
 
 SPECS = parse_renditions("thumb:320:webp:80,large:2048:jpeg:80")
 
@@ -104,23 +115,41 @@ def test_real_heif_files_pass_the_structure_check(name: str) -> None:
 
 
 def test_corrupt_structures_fail_through_the_worker(file_env: Env, tmp_path: Path) -> None:
+    """Through a worker: invalid structures fail as corrupt_image, valid classes are processed."""
+    quadrants = Tile((Path(__file__).parent / "heif-samples" / "quadrants.heic").read_bytes())
+    layers = (Path(__file__).parent / "heif-samples" / "quadrants-3layers.obu").read_bytes()
     bad = {
         "short-frame.gif": short_gif_frame(photo_gif(), 20),
         "missing-tile.heic": grid(sample("sample.heic"), 2, 2, [2, 3, 4]),
         "missing-item.avif": grid(sample("sample.avif"), 2, 2, [2, 3, 4, 99]),
+        "non-essential-clap.avif": transformed(
+            Tile(sample("sample.avif")), [(clap(20, 20), False)]
+        ),
+        "tile-twice.heic": grid_twice(Tile(sample("sample.heic"))),
     }
-    good = {"big-grid.avif": grid(sample("sample.avif"), 17, 16)}
+    good = {
+        "big-grid.avif": (grid(sample("sample.avif"), 17, 16), (408, 512)),
+        "cropped-turned.heic": (
+            transformed(quadrants, [(clap(424, 246), True), (irot(1), True), (imir(0), True)]),
+            (246, 424),
+        ),
+        "overlay-twice.heic": (
+            overlay_twice(quadrants, (5 * 1436, 0), (0, 0, 0, 65535)),
+            (2872, 730),
+        ),
+        "layered-op2.avif": (layered(layers, (360, 182), [(a1op(2), True)]), (360, 182)),
+    }
     paths = []
-    for name, data in {**bad, **good}.items():
+    for name, data in {**bad, **{name: data for name, (data, _) in good.items()}}.items():
         (tmp_path / name).write_bytes(data)
         paths.append(tmp_path / name)
     ids = file_env.ingest(paths)
     file_env.cli("run", "--drain")
-    rows = file_env.query("SELECT id, processing_state, error_code FROM photos")
-    states = {row["id"]: (row["processing_state"], row["error_code"]) for row in rows}
-    assert [states[i] for i in ids] == [("processing_failed", "corrupt_image")] * len(bad) + [
-        ("processed", None)
-    ]
+    rows = file_env.query("SELECT id, processing_state, error_code, width, height FROM photos")
+    states = {row["id"]: tuple(row.values())[1:] for row in rows}
+    assert [states[i] for i in ids] == [("processing_failed", "corrupt_image", None, None)] * len(
+        bad
+    ) + [("processed", None, *size) for _, size in good.values()]
 
 
 def _tiny_gif(code_stream: bytes) -> bytes:

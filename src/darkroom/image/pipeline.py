@@ -22,7 +22,7 @@ from darkroom.errors import (
     ImageTooLargeError,
     UnsupportedFormatError,
 )
-from darkroom.image import exif, gif, isobmff, placeholders
+from darkroom.image import exif, gif, heifedit, isobmff, placeholders
 from darkroom.settings import RenditionSpec
 
 # libvips loader classes; unblocking a class unblocks its file/buffer/source variants
@@ -196,6 +196,8 @@ def _blob(image: pyvips.Image, name: str) -> bytes | None:
 def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.Image, Source]:
     if fmt == "heic":
         return _decode_heic(data, size, max_pixels)
+    if fmt == "avif":
+        data, _ = _for_libheif(data, max_pixels, strip_transforms=False)
     header = _header(data, fmt, max_pixels)
     limits = _HEIF_LIMITS if fmt == "avif" else {}
     width, height = _upright(header)
@@ -225,11 +227,20 @@ _COLOUR = {"output_profile": "srgb", "intent": "perceptual"}
 _HEIF_LIMITS = {"unlimited": True}
 
 
+def _for_libheif(
+    data: bytes, max_pixels: int, *, strip_transforms: bool
+) -> tuple[bytes, isobmff.Container]:
+    """A HEIF/AVIF file as libheif should read it: the structure checks libheif does not
+    make, the pixel budget over every image it will decode (a clap may crop a canvas far
+    larger than what is shown), then the rewrites of heifedit.py."""
+    container = isobmff.check(data)
+    _check_pixels(*isobmff.largest_image(container), max_pixels)
+    return heifedit.for_libheif(data, container, strip_transforms=strip_transforms), container
+
+
 def _header(data: bytes, fmt: str, max_pixels: int) -> pyvips.Image:
-    """The header, after the structure checks libvips' loaders do not make; then the
-    pixel budget, before any pixel is decoded."""
-    if fmt == "avif":
-        isobmff.check(data)
+    """The header, then the pixel budget on the size it shows, before any pixel is
+    decoded (GIF: after the check of its first frame's structure)."""
     limits = _HEIF_LIMITS if fmt == "avif" else {}
     header = pyvips.Image.new_from_buffer(data, "", access="sequential", fail_on="error", **limits)
     loader = header.get("vips-loader")
@@ -256,14 +267,15 @@ def _check_pixels(width: int, height: int, max_pixels: int) -> None:
 
 
 def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image, Source]:
-    """HEVC HEIC through libheif/libde265 (pi-heif); irot/imir are applied by libheif."""
+    """HEVC HEIC through libheif/libde265 (pi-heif), without its clap/irot/imir: libheif
+    1.23 refuses a clap that crops much (heifedit.py), so darkroom applies them."""
     import pi_heif  # imported here: only HEIC renders pay for its address space
 
-    pi_heif.options.DISABLE_SECURITY_LIMITS = True  # darkroom's own limits apply (_header)
-    isobmff.check(data)
+    pi_heif.options.DISABLE_SECURITY_LIMITS = True  # darkroom's own limits apply (_for_libheif)
+    bare, container = _for_libheif(data, max_pixels, strip_transforms=True)
     try:
-        heif = pi_heif.open_heif(data, convert_hdr_to_8bit=True)
-        width, height = heif.size
+        heif = pi_heif.open_heif(bare, convert_hdr_to_8bit=True)
+        width, height = heif.size  # the decoded size, before any transformative property
         _check_pixels(width, height, max_pixels)
         pixels, stride, mode = heif.data, heif.stride, heif.mode
     except DarkroomError:
@@ -273,7 +285,9 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
     bands = len(mode)
     image = pyvips.Image.new_from_memory(bytes(pixels), stride // bands, height, bands, "uchar")
     image = image.crop(0, 0, width, height) if stride != width * bands else image
-    image = image.copy(interpretation="srgb")
+    steps = isobmff.transform_steps(container, container.primary, width, height)
+    image = _transformed(image, steps).copy(interpretation="srgb")
+    width, height = image.width, image.height
     icc = heif.info.get("icc_profile")
     if icc:
         image.set_type(pyvips.GValue.blob_type, "icc-profile-data", bytes(icc))
@@ -282,6 +296,21 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
     source = Source("heic", width, height, 1, bytes(icc) if icc else None,
                     bytes(exif_block) if exif_block else None)  # fmt: skip
     return _finish(resized), source
+
+
+_ROTATIONS = ("d0", "d270", "d180", "d90")  # irot turns anti-clockwise, libvips clockwise
+
+
+def _transformed(image: pyvips.Image, steps: list[isobmff.Step]) -> pyvips.Image:
+    """The decoded image with its clean aperture, rotation and mirroring applied in order."""
+    for op, args in steps:
+        if op == "crop":
+            image = image.crop(*args)
+        elif op == "rotate":
+            image = image.rot(_ROTATIONS[args[0]]) if args[0] else image
+        else:
+            image = image.flipver() if args[0] == 0 else image.fliphor()
+    return image
 
 
 def _finish(image: pyvips.Image) -> pyvips.Image:
