@@ -18,7 +18,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
 from darkroom import errors
-from darkroom.errors import QueueUnavailableError, Rule
+from darkroom.errors import PERMANENT, TRANSIENT, QueueUnavailableError, Rule
 from darkroom.queue.messages import Entry
 from darkroom.settings import RedisTarget, parse_redis_url
 
@@ -27,25 +27,26 @@ def _prefix(*words: str) -> Any:
     return lambda exc: str(exc).startswith(words)
 
 
-Q = QueueUnavailableError
-# What each Redis failure says about Redis, first match wins. Every row is an outage of
-# the queue (the entry keeps its delivery while the gate waits); the reason names it.
+Q, T, P = QueueUnavailableError, TRANSIENT, PERMANENT
+# What each Redis failure says about Redis, first match wins. Every row is a queue error
+# (the gate probes: if the probe fails too, it is an outage and the entry waits); a
+# transient one never counts an attempt, a permanent one does if the probe passes.
 ERRORS: tuple[Rule, ...] = (
-    Rule(rx.ReadOnlyError, Q, "read_only"),  # a demoted primary (failover)
-    Rule(rx.BusyLoadingError, Q, "loading"),  # a restarted node reading its dataset
-    Rule(rx.MasterDownError, Q, "master_down"),  # a replica that lost its primary
-    Rule((rx.ClusterDownError, rx.TryAgainError, rx.SlotNotCoveredError), Q, "cluster_down"),
+    Rule(rx.ReadOnlyError, Q, "read_only", T),  # a demoted primary (failover)
+    Rule(rx.BusyLoadingError, Q, "loading", T),  # a restarted node reading its dataset
+    Rule(rx.MasterDownError, Q, "master_down", T),  # a replica that lost its primary
+    Rule((rx.ClusterDownError, rx.TryAgainError, rx.SlotNotCoveredError), Q, "cluster_down", T),
     # not a rx.RedisError: no seed node of the cluster answered
-    Rule(rx.RedisClusterException, Q, "cluster_unreachable"),
-    Rule(rx.OutOfMemoryError, Q, "out_of_memory"),  # maxmemory reached
-    Rule((rx.AuthenticationError, rx.AuthorizationError), Q, "auth"),
-    Rule(rx.NoPermissionError, Q, "no_permission"),  # ACL revoked
-    Rule(rx.ResponseError, Q, "misconf", _prefix("MISCONF")),  # RDB/AOF write failing
-    Rule(rx.ResponseError, Q, "wrong_type", _prefix("WRONGTYPE")),  # a key of another type
-    Rule(rx.ResponseError, Q, "no_group", _prefix("NOGROUP")),
-    Rule((rx.TimeoutError, TimeoutError), Q, "timeout"),
-    Rule((rx.ConnectionError, OSError), Q, "connection"),
-    Rule(rx.RedisError, Q, "error"),
+    Rule(rx.RedisClusterException, Q, "cluster_unreachable", T),
+    Rule(rx.OutOfMemoryError, Q, "out_of_memory", T),  # maxmemory reached
+    Rule((rx.AuthenticationError, rx.AuthorizationError), Q, "auth", P),
+    Rule(rx.NoPermissionError, Q, "no_permission", P),  # ACL revoked
+    Rule(rx.ResponseError, Q, "misconf", T, _prefix("MISCONF")),  # RDB/AOF write failing
+    Rule(rx.ResponseError, Q, "wrong_type", P, _prefix("WRONGTYPE")),  # a key of another type
+    Rule(rx.ResponseError, Q, "no_group", P, _prefix("NOGROUP")),
+    Rule((rx.TimeoutError, TimeoutError), Q, "timeout", T),
+    Rule((rx.ConnectionError, OSError), Q, "connection", T),
+    Rule(rx.RedisError, Q, "error", P),
 )
 translated = errors.translated(ERRORS)
 

@@ -22,34 +22,35 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from darkroom import errors
-from darkroom.errors import DatabaseUnavailableError, InternalError, Rule
+from darkroom.errors import PERMANENT, TRANSIENT, DatabaseUnavailableError, InternalError, Rule
 
 Pool = asyncpg.Pool
 Connection = PoolConnectionProxy
 
-D = DatabaseUnavailableError
+D, T, P = DatabaseUnavailableError, TRANSIENT, PERMANENT
 # What each PostgreSQL failure says about the server, first match wins. All but the last
-# row are outages (intake pauses, the photo keeps its delivery); any other SQL error is a
-# bug in darkroom's SQL: internal_error.
+# row are database errors (the gate probes: if the probe fails too, it is an outage and
+# the photo keeps its delivery); a transient one never counts an attempt. Any other SQL
+# error is a bug in darkroom's SQL: internal_error.
 ERRORS: tuple[Rule, ...] = (
-    Rule(asyncpg.ReadOnlySQLTransactionError, D, "read_only"),  # 25006: failover, replica
-    Rule(asyncpg.InvalidPasswordError, D, "auth"),  # 28P01: rotated credentials
-    Rule(asyncpg.InvalidAuthorizationSpecificationError, D, "auth"),  # 28000
-    Rule(asyncpg.InsufficientPrivilegeError, D, "permission_denied"),  # 42501: revoked grant
-    Rule(asyncpg.CannotConnectNowError, D, "starting_up"),  # 57P03
-    Rule((asyncpg.AdminShutdownError, asyncpg.CrashShutdownError), D, "shutdown"),  # 57P01/2
-    Rule(asyncpg.OperatorInterventionError, D, "terminated"),  # pg_terminate_backend, cancel
-    Rule(asyncpg.TooManyConnectionsError, D, "too_many_connections"),  # 53300
-    Rule(asyncpg.InsufficientResourcesError, D, "resources"),  # 53xxx: disk full, memory
-    Rule(asyncpg.InvalidCatalogNameError, D, "database_missing"),  # 3D000
-    Rule(asyncpg.UndefinedTableError, D, "schema_missing"),  # 42P01: not migrated
-    Rule(asyncpg.TransactionRollbackError, D, "conflict"),  # deadlock, serialization
-    Rule((asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError), D, "connection"),
+    Rule(asyncpg.ReadOnlySQLTransactionError, D, "read_only", T),  # 25006: failover, replica
+    Rule(asyncpg.InvalidPasswordError, D, "auth", P),  # 28P01: rotated credentials
+    Rule(asyncpg.InvalidAuthorizationSpecificationError, D, "auth", P),  # 28000
+    Rule(asyncpg.InsufficientPrivilegeError, D, "permission_denied", P),  # 42501: revoked grant
+    Rule(asyncpg.CannotConnectNowError, D, "starting_up", T),  # 57P03
+    Rule((asyncpg.AdminShutdownError, asyncpg.CrashShutdownError), D, "shutdown", T),  # 57P01/2
+    Rule(asyncpg.OperatorInterventionError, D, "terminated", T),  # pg_terminate_backend, cancel
+    Rule(asyncpg.TooManyConnectionsError, D, "too_many_connections", T),  # 53300
+    Rule(asyncpg.InsufficientResourcesError, D, "resources", T),  # 53xxx: disk full, memory
+    Rule(asyncpg.InvalidCatalogNameError, D, "database_missing", P),  # 3D000
+    Rule(asyncpg.UndefinedTableError, D, "schema_missing", P),  # 42P01: not migrated
+    Rule(asyncpg.TransactionRollbackError, D, "conflict", T),  # 40001 serialization, 40P01 deadlock
+    Rule(TimeoutError, D, "timeout", T),  # before `connection`: a TimeoutError is an OSError
+    Rule((asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError), D, "connection", T),
     # a pooled connection that got the server's FATAL (pg_terminate_backend, failover) but
     # not yet its EOF: "cannot switch to state 12; another operation is in progress"
-    Rule(asyncpg.InternalClientError, D, "connection"),
-    Rule(TimeoutError, D, "timeout"),
-    Rule(asyncpg.PostgresError, InternalError, "sql"),
+    Rule(asyncpg.InternalClientError, D, "connection", T),
+    Rule(asyncpg.PostgresError, InternalError, "sql", P),
 )
 translated = errors.translated(ERRORS)
 
