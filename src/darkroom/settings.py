@@ -80,6 +80,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_attempts: int = 5
     retry_base_ms: int = 1000
     claim_idle_ms: int = 30_000
+    # How long a photo may keep meeting transient errors of a dependency that answers its
+    # probe (throttling, 5xx, dropped connections) before it fails with that dependency's code.
+    transient_budget_s: float = 3600.0
     sweep_after_s: float = 300.0
     job_timeout_s: float = 120.0
     render_memory_mb: int = 2048
@@ -112,6 +115,16 @@ def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
         value = kind(raw)
         if not math.isfinite(value) or value <= 0:  # type: ignore[arg-type,operator]
             raise ValueError("must be a finite number greater than 0")
+        return value
+
+    return convert
+
+
+def _at_least(minimum: float) -> Callable[[str], float]:
+    def convert(raw: str) -> float:
+        value = float(raw)
+        if not math.isfinite(value) or value < minimum:
+            raise ValueError(f"must be a finite number of at least {minimum:g}")
         return value
 
     return convert
@@ -194,6 +207,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "max_attempts": _positive(int),
     "retry_base_ms": _positive(int),
     "claim_idle_ms": _positive(int),
+    "transient_budget_s": _at_least(1.0),
     "sweep_after_s": _positive(float),
     "job_timeout_s": _positive(float),
     "render_memory_mb": _positive(int),

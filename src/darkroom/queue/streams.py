@@ -73,6 +73,23 @@ return redis.call(unpack(args))
 """
 
 
+# Hand an entry this consumer holds back to the live owner of its job (it reclaimed the
+# entry after a Redis outage ate the owner's heartbeat): XCLAIM to that consumer, JUSTID, so
+# no delivery is counted and the owner's heartbeat keeps it again. One script: the entry
+# moves only if this consumer still holds it. KEYS[1] stream; ARGV group, this consumer,
+# the owner, id. Returns 1 if it moved.
+_HAND_BACK = """
+local row = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[4], ARGV[4], 1)
+if type(row) == 'table' and row.err then
+  if string.find(row.err, 'NOGROUP', 1, true) then return 0 end
+  return row
+end
+if not row[1] or row[1][2] ~= ARGV[2] then return 0 end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, ARGV[4], 'JUSTID')
+return 1
+"""
+
+
 def _no_group(exc: rx.ResponseError) -> bool:
     """Redis lost the group (restarted empty): the entry is gone, Postgres will recover it."""
     return str(exc).startswith("NOGROUP")
@@ -283,6 +300,13 @@ class Streams:
         """Leave the entry pending, looking `idle_ms` old, without counting a delivery;
         False if another consumer owns it now (its backoff is not ours to set)."""
         return bool(await self._refresh_owned([entry_id], str(idle_ms)))
+
+    @translated
+    async def hand_back(self, entry_id: str, owner: str) -> bool:
+        """Give an entry this consumer holds to `owner`, counting no delivery; False if this
+        consumer no longer holds it."""
+        args = [self.group, self.consumer, owner, entry_id]
+        return bool(await self._run(_HAND_BACK, [self.stream], args))
 
     async def _refresh_owned(self, entry_ids: Sequence[str], idle_ms: str) -> set[str]:
         args = [self.group, self.consumer, idle_ms, *entry_ids]
