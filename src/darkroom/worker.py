@@ -83,7 +83,8 @@ class Worker:
 
     async def run(self, *, drain: bool = False) -> None:
         async with self.renderer, anyio.create_task_group() as services:
-            services.start_soon(self._heartbeat_loop)
+            services.start_soon(self._heartbeat_loop, "heartbeat failed", self._refresh_entries)
+            services.start_soon(self._heartbeat_loop, "renewing leases failed", self._renew_leases)
             services.start_soon(self._sweep_loop)
             async with anyio.create_task_group() as jobs:
                 await self._intake(jobs, drain)
@@ -244,16 +245,16 @@ class Worker:
 
     # -- background loops -------------------------------------------------------------------
 
-    async def _heartbeat_loop(self) -> None:
-        """Keep in-flight entries young, and the leases of their jobs running, so no other
-        consumer steals a slow photo, nor counts an attempt when a Redis outage let it
-        reclaim one."""
+    async def _heartbeat_loop(self, failed: str, beat: Callable[[], Awaitable[None]]) -> None:
+        """One heartbeat: of the in-flight entries in the stream (no other consumer steals a
+        slow photo) or of their jobs' leases in PostgreSQL (one that reclaimed an entry all
+        the same, after a Redis outage, finds the owner alive and counts nothing). Two
+        loops: a hung Redis must not stop the leases, nor a hung database the entries."""
         period_s = policy.heartbeat_s(self.settings.claim_idle_ms)
-        throttles = Throttle(REPEAT_LOG_EVERY_S), Throttle(REPEAT_LOG_EVERY_S)
+        throttle = Throttle(REPEAT_LOG_EVERY_S)
         while True:
             await anyio.sleep(period_s)
-            await self._beat("heartbeat failed", throttles[0], self._refresh_entries)
-            await self._beat("renewing leases failed", throttles[1], self._renew_leases)
+            await self._beat(failed, throttle, beat)
 
     async def _beat(
         self, failed: str, throttle: Throttle, beat: Callable[[], Awaitable[None]]
