@@ -143,7 +143,7 @@ def _table() -> dict[str, CodeInfo]:
         "timeout": "render took longer than DARKROOM_JOB_TIMEOUT_S",
         "render_crashed": "the render process died (native crash)",
         "out_of_memory": "render exceeded DARKROOM_RENDER_MEMORY_MB",
-        "attempts_exhausted": "delivered DARKROOM_MAX_ATTEMPTS times without finishing",
+        "attempts_exhausted": "attempted DARKROOM_MAX_ATTEMPTS times without finishing",
         "internal_error": "unexpected exception in darkroom",
     }
     classes: list[type[DarkroomError]] = [

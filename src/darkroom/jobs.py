@@ -152,9 +152,16 @@ class Jobs:
                 raise _budget_spent(exc, streak_s, budget_s) from exc
             raise exc
         streak.retries += 1
-        log.warning("transient error; waiting in place", entry_id=entry.id, error_code=exc.code,
-                    reason=exc.reason, error=str(exc), delay_ms=delay_ms,
-                    transient_s=round(streak_s, 1))  # fmt: skip
+        await self._wait_in_place(entry, exc, delay_ms, streak_s)
+
+    async def _wait_in_place(
+        self, entry: Entry, exc: DarkroomError, delay_ms: int, streak_s: float
+    ) -> None:
+        if exc.transient:
+            metrics.TRANSIENT_WAITS.labels(exc.code, exc.reason).inc()
+        event = "transient error; waiting in place" if exc.transient else "retrying in place"
+        log.warning(event, entry_id=entry.id, error_code=exc.code, reason=exc.reason,
+                    error=str(exc), delay_ms=delay_ms, transient_s=round(streak_s, 1))  # fmt: skip
         await self.gate.clock.sleep(delay_ms / 1000, self.stopping)
 
     async def _streak_s(self, entry: Entry, exc: DarkroomError, streak: Streak) -> float:
