@@ -96,7 +96,7 @@ class Jobs:
     async def handle(self, entry: Entry, deliveries: int) -> None:
         started = time.monotonic()
         bound = log.bind(
-            entry_id=entry.id, photo_id=entry.fields.get("photo_id"), attempt=deliveries
+            entry_id=entry.id, photo_id=entry.fields.get("photo_id"), deliveries=deliveries
         )
         try:
             outcome = await self._resilient(entry, deliveries)
