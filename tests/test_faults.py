@@ -356,6 +356,27 @@ async def test_a_stale_heartbeat_or_backoff_cannot_take_back_a_reclaimed_entry()
         await client.aclose()
 
 
+async def test_an_entry_is_handed_back_only_by_its_holder_and_without_a_delivery() -> None:
+    """B reclaimed A's entry (A lives): B hands it back to A, which owns it again with the
+    same delivery count; a consumer that does not hold the entry cannot hand it anywhere."""
+    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    a = _streams(client, "a")
+    b = Streams(client, a.stream, "darkroom", "b", a.dead_stream)
+    try:
+        await a.ensure_group()
+        entry = await a.enqueue({"photo_id": str(uuid.uuid4())})
+        await a.read_new(1, 10)
+        await client.xclaim(a.stream, "darkroom", "b", 0, [entry])  # B reclaims it
+        assert await a.hand_back(entry, "c") is False
+        assert await b.hand_back(entry, "a") is True
+        [row] = await client.xpending_range(a.stream, "darkroom", entry, entry, 1)
+        assert (row["consumer"], row["times_delivered"]) == ("a", 2)
+        assert await a.heartbeat([entry]) == {entry}, "A's heartbeat keeps it again"
+    finally:
+        await client.delete(a.stream, a.dead_stream)
+        await client.aclose()
+
+
 async def test_heartbeat_of_a_lost_group_is_a_no_op() -> None:
     """Redis restarted empty: the heartbeat refreshes nothing and raises nothing."""
     client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
