@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -326,6 +327,20 @@ async def test_two_waiters_one_prober(spare: int, spare_streams: Streams) -> Non
             tg.start_soon(gate.wait, "queue")
     assert probes <= 5 + 4, "waiters probe at most once each before joining the outage"
     assert gate.is_open()
+
+
+async def test_a_redis_command_fails_fast_when_redis_is_down() -> None:
+    """Redis unreachable: a command raises queue_unavailable (connection, transient) within
+    a second, after one reconnect: the gate and the photo's wait decide, not the driver."""
+    client = streams.connect(f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        started = time.monotonic()
+        with pytest.raises(QueueUnavailableError) as caught:
+            await _streams(client).probe()
+        assert time.monotonic() - started < 1.0
+        assert (caught.value.reason, caught.value.transient) == ("connection", True)
+    finally:
+        await client.aclose()
 
 
 # -- Redis: ownership races ------------------------------------------------------------------

@@ -15,7 +15,9 @@ from typing import Any
 import redis.asyncio as redis
 from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
 
 from darkroom import errors
 from darkroom.errors import PERMANENT, TRANSIENT, QueueUnavailableError, Rule
@@ -112,6 +114,17 @@ CONNECTION_DEFAULTS: dict[str, Any] = {
     "socket_connect_timeout": 5,
     "health_check_interval": 30,
 }
+
+
+# One immediate reconnect (a pooled connection the server closed), no more: whether a Redis
+# error is waited out, retried in place or counted is darkroom's to decide, with its own
+# backoff (see ERRORS). redis-py 8's default (10 retries, backoff up to 10 s) hid an outage
+# for about a minute inside one command, and held a stop request as long. A cluster client
+# keeps its own retries: they follow the slot map.
+def _driver_retry() -> Retry:
+    return Retry(NoBackoff(), 1)
+
+
 # Asking a sentinel where the primary is must fail fast, so the next sentinel is asked.
 SENTINEL_DEFAULTS: dict[str, Any] = {"socket_timeout": 2, "socket_connect_timeout": 2}
 
@@ -125,10 +138,11 @@ def connect(url: str) -> Client:
     options = {**CONNECTION_DEFAULTS, **_credentials(target), **target.options}
     options["decode_responses"] = True
     if target.topology == "sentinel":
-        return _sentinel_primary(target, options)
+        return _sentinel_primary(target, {"retry": _driver_retry(), **options})
     if target.topology == "cluster":
         nodes = [ClusterNode(host, port) for host, port in target.nodes]
         return RedisCluster(startup_nodes=nodes, ssl=target.tls, **options)
+    options["retry"] = _driver_retry()
     if target.unix_path:
         return redis.Redis(unix_socket_path=target.unix_path, db=target.db, **options)
     host, port = target.nodes[0]
