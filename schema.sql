@@ -106,3 +106,20 @@ CREATE INDEX IF NOT EXISTS photos_updated_idx ON photos (updated_at, id);
 CREATE INDEX IF NOT EXISTS photos_state_updated_idx ON photos (processing_state, updated_at, id);
 CREATE INDEX IF NOT EXISTS photos_processed_at_idx ON photos (processed_at)
     WHERE processed_at IS NOT NULL;
+
+-- What counts as an attempt (issue 12). `attempt` counts the claims that started work and
+-- ended in the photo's own failure or its worker's death; a claim by a live holder's own
+-- process, or one that ended in a transient error, is not counted. `attempt - run_offset`
+-- is this run's count, the one DARKROOM_MAX_ATTEMPTS caps (an operator retry or a
+-- re-render starts a new run; `attempt` keeps the history). The process that claimed the
+-- job (`holder`, one per worker process) keeps `lease_until` in the future while it
+-- works on it (the worker's heartbeat), so a worker that reclaims the entry can tell a live
+-- owner (back off, count nothing) from a dead one. `transient_since`: where the photo's
+-- current streak of transient errors started (DARKROOM_TRANSIENT_BUDGET_S), kept across
+-- restarts and reclaims, cleared by an outcome. Added in place: a constant default
+-- rewrites nothing.
+ALTER TABLE photo_jobs
+    ADD COLUMN IF NOT EXISTS run_offset      integer NOT NULL DEFAULT 0 CHECK (run_offset >= 0),
+    ADD COLUMN IF NOT EXISTS holder          text,
+    ADD COLUMN IF NOT EXISTS lease_until     timestamptz,
+    ADD COLUMN IF NOT EXISTS transient_since timestamptz;

@@ -1,5 +1,6 @@
 """Test servers for production faults: a spare redis-server (to demote, fill or lock
-down), an S3 proxy that answers 403 AccessDenied on demand, and a controlled clock."""
+down), an S3 proxy that answers S3 errors on demand (403 AccessDenied, 503 SlowDown), and a
+controlled clock."""
 
 from __future__ import annotations
 
@@ -18,10 +19,17 @@ import redis
 
 from tests.conftest import PG_BASE, free_port
 
-DENIED_XML = (
-    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
-    b"<Message>Access Denied</Message><RequestId>darkroom-test</RequestId></Error>"
-)
+
+def s3_error_xml(code: str, message: str) -> bytes:
+    """S3's own error body."""
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+        f"<Message>{message}</Message><RequestId>darkroom-test</RequestId></Error>"
+    ).encode()
+
+
+DENIED_XML = s3_error_xml("AccessDenied", "Access Denied")
+SLOW_DOWN_XML = s3_error_xml("SlowDown", "Please reduce your request rate.")
 
 
 class FakeClock:
@@ -65,13 +73,16 @@ def spare_redis(tmp: Path) -> Iterator[int]:
 class DenyingS3Proxy:
     """Forwards HTTP to an S3 endpoint; `deny(predicate)` answers 403 AccessDenied (S3's
     own XML) to every request the predicate picks, as a revoked key or bucket policy does;
+    `throttle(predicate)` answers 503 SlowDown, as S3 does past a prefix's request rate;
     `hold(predicate)` keeps the requests it picks unanswered (a stalled upload) until
-    `release()`, which answers them 503 without forwarding them."""
+    `release()`, which answers them 503 without forwarding them. `denied` counts the
+    requests answered with an error."""
 
     def __init__(self, upstream: str) -> None:
         host, port = upstream.removeprefix("http://").split(":")
         self.denies: Callable[[str, str], bool] = lambda method, path: False
         self.holds: Callable[[str, str], bool] = lambda method, path: False
+        self.error: tuple[int, bytes] = (403, DENIED_XML)
         self.denied = self.held = 0
         self.released = threading.Event()
         proxy = self
@@ -84,9 +95,10 @@ class DenyingS3Proxy:
 
             def _relay(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                status, error = proxy.error
                 if proxy.denies(self.command, self.path):
                     proxy.denied += 1
-                    self._answer(403, {"Content-Type": "application/xml"}, DENIED_XML)
+                    self._answer(status, {"Content-Type": "application/xml"}, error)
                     return
                 if proxy.holds(self.command, self.path):
                     proxy.held += 1
@@ -120,6 +132,11 @@ class DenyingS3Proxy:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def deny(self, predicate: Callable[[str, str], bool]) -> None:
+        self.error = (403, DENIED_XML)
+        self.denies = predicate
+
+    def throttle(self, predicate: Callable[[str, str], bool]) -> None:
+        self.error = (503, SLOW_DOWN_XML)
         self.denies = predicate
 
     def hold(self, predicate: Callable[[str, str], bool]) -> None:

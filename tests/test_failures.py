@@ -81,7 +81,7 @@ def test_malformed_entry_is_bad_message(file_env: Env) -> None:
 
 
 def test_transient_failure_retries_with_backoff_then_dead_letters(file_env: Env) -> None:
-    """A storage error is retried (attempt counter = deliveries) and dead-lettered at the cap."""
+    """A permanent storage error is retried, each attempt counted, and dead-lettered at the cap."""
     [photo_id] = file_env.ingest([PHOTOS / "4.webp"])
     original = next((file_env.tmp / "var" / "storage" / "originals" / str(photo_id)).iterdir())
     original.unlink()

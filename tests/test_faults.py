@@ -7,8 +7,10 @@ before they return."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import stat
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from structlog.testing import capture_logs
 from darkroom import errors
 from darkroom.errors import (
     DatabaseUnavailableError,
+    InternalError,
     ObjectForbiddenError,
     QueueUnavailableError,
     StorageUnavailableError,
@@ -58,59 +61,156 @@ async def spare_streams(spare: int) -> AsyncIterator[Streams]:
     await client.aclose()
 
 
-# -- the tables ---------------------------------------------------------------------------
+# -- the tables: every row, with its reason and whether it is transient ---------------------
+
+T, P = True, False
+REDIS_FAULTS = [
+    (rx.ReadOnlyError("You can't write against a read only replica."), "read_only", T),
+    (rx.BusyLoadingError("Redis is loading the dataset in memory"), "loading", T),
+    (rx.MasterDownError("Link with MASTER is down"), "master_down", T),
+    (rx.ClusterDownError("The cluster is down"), "cluster_down", T),
+    (rx.TryAgainError("Multiple keys request during rehashing"), "cluster_down", T),
+    (rx.RedisClusterException("Redis Cluster cannot be connected"), "cluster_unreachable", T),
+    (rx.OutOfMemoryError("used memory > 'maxmemory'"), "out_of_memory", T),
+    (rx.AuthenticationError("invalid username-password pair"), "auth", P),
+    (rx.NoPermissionError("this user has no permissions"), "no_permission", P),
+    (rx.ResponseError("MISCONF Redis is configured to save RDB snapshots"), "misconf", T),
+    (rx.ResponseError("WRONGTYPE Operation against a key of the wrong kind"), "wrong_type", P),
+    (rx.ResponseError("NOGROUP No such key or consumer group"), "no_group", P),
+    (rx.TimeoutError("Timeout reading from socket"), "timeout", T),
+    (TimeoutError(), "timeout", T),
+    (rx.ConnectionError("Connection refused"), "connection", T),
+    (ConnectionResetError("reset by peer"), "connection", T),
+    (rx.ResponseError("ERR something new"), "error", P),
+]
+POSTGRES_FAULTS = [
+    (
+        asyncpg.ReadOnlySQLTransactionError("cannot execute UPDATE in a read-only transaction"),
+        "read_only",
+        T,
+    ),
+    (asyncpg.InvalidPasswordError("password authentication failed"), "auth", P),
+    (asyncpg.InvalidAuthorizationSpecificationError('role "x" is not permitted'), "auth", P),
+    (
+        asyncpg.InsufficientPrivilegeError("permission denied for table photos"),
+        "permission_denied",
+        P,
+    ),
+    (asyncpg.CannotConnectNowError("the database system is starting up"), "starting_up", T),
+    (
+        asyncpg.AdminShutdownError("terminating connection due to administrator command"),
+        "shutdown",
+        T,
+    ),
+    (asyncpg.QueryCanceledError("canceling statement due to user request"), "terminated", T),
+    (asyncpg.TooManyConnectionsError("too many clients already"), "too_many_connections", T),
+    (asyncpg.DiskFullError("could not extend file"), "resources", T),
+    (asyncpg.InvalidCatalogNameError('database "x" does not exist'), "database_missing", P),
+    (asyncpg.UndefinedTableError('relation "photos" does not exist'), "schema_missing", P),
+    (asyncpg.SerializationError("could not serialize access"), "conflict", T),  # 40001
+    (asyncpg.DeadlockDetectedError("deadlock detected"), "conflict", T),  # 40P01
+    (asyncpg.ConnectionDoesNotExistError("connection was closed"), "connection", T),
+    (asyncpg.InternalClientError("cannot switch to state 12"), "connection", T),
+    (OSError("Connection refused"), "connection", T),
+    (TimeoutError(), "timeout", T),
+    (asyncpg.UndefinedColumnError("column x does not exist"), "sql", P),
+]
 
 
-@pytest.mark.parametrize(
-    ("exc", "reason"),
-    [
-        (rx.ReadOnlyError("You can't write against a read only replica."), "read_only"),
-        (rx.BusyLoadingError("Redis is loading the dataset in memory"), "loading"),
-        (rx.MasterDownError("Link with MASTER is down"), "master_down"),
-        (rx.ClusterDownError("The cluster is down"), "cluster_down"),
-        (rx.TryAgainError("Multiple keys request during rehashing"), "cluster_down"),
-        (rx.RedisClusterException("Redis Cluster cannot be connected"), "cluster_unreachable"),
-        (rx.OutOfMemoryError("used memory > 'maxmemory'"), "out_of_memory"),
-        (rx.NoPermissionError("this user has no permissions"), "no_permission"),
-        (rx.AuthenticationError("invalid username-password pair"), "auth"),
-        (rx.ResponseError("MISCONF Redis is configured to save RDB snapshots"), "misconf"),
-        (rx.ResponseError("WRONGTYPE Operation against a key of the wrong kind"), "wrong_type"),
-        (rx.TimeoutError("Timeout reading from socket"), "timeout"),
-        (rx.ConnectionError("Connection refused"), "connection"),
-        (ConnectionResetError("reset by peer"), "connection"),
-    ],
-)  # fmt: skip
-def test_every_redis_fault_is_a_queue_outage_with_its_reason(exc: Exception, reason: str) -> None:
-    """Each Redis failure becomes queue_unavailable, naming what happened."""
+def _s3(code: str, status: int) -> Exception:
+    from botocore.exceptions import ClientError
+
+    error = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+    return ClientError(error, "PutObject")
+
+
+def _botocore(name: str, **kwargs: Any) -> Exception:
+    from botocore import exceptions as bx
+
+    exc: Exception = getattr(bx, name)(**kwargs)
+    return exc
+
+
+S3_FAULTS = [
+    (lambda: _s3("AccessDenied", 403), "access_denied", P),
+    (lambda: _s3("InvalidAccessKeyId", 403), "access_denied", P),
+    (lambda: _s3("RequestTimeTooSkewed", 403), "clock_skew", P),
+    (lambda: _s3("SlowDown", 503), "throttled", T),
+    (lambda: _s3("RequestTimeout", 400), "throttled", T),
+    (lambda: _s3("Throttling", 400), "throttled", T),
+    (lambda: _s3("NoSuchBucket", 404), "no_such_bucket", P),
+    (lambda: _s3("InternalError", 500), "server_error", T),
+    (lambda: _s3("ServiceUnavailable", 503), "server_error", T),
+    (lambda: _botocore("NoCredentialsError"), "credentials", P),
+    (lambda: _botocore("ReadTimeoutError", endpoint_url="http://s3"), "timeout", T),
+    (lambda: _botocore("EndpointConnectionError", endpoint_url="http://s3"), "connection", T),
+    (lambda: ConnectionResetError("reset by peer"), "connection", T),
+    (lambda: _s3("InvalidArgument", 400), "error", P),
+]
+FILE_FAULTS = [
+    (OSError(errno.EAGAIN, "Resource temporarily unavailable"), "busy", T),
+    (OSError(errno.ESTALE, "Stale file handle"), "busy", T),
+    (OSError(errno.ETIMEDOUT, "Connection timed out"), "busy", T),
+    (OSError(errno.ENOSPC, "No space left on device"), "resources", T),
+    (IsADirectoryError(errno.EISDIR, "Is a directory"), "io", P),
+    (PermissionError(errno.EACCES, "Permission denied"), "io", P),
+    (OSError(errno.EROFS, "Read-only file system"), "io", P),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("exc", "reason", "transient"), REDIS_FAULTS)
+def test_every_redis_fault_is_a_queue_error_with_its_reason_and_kind(
+    exc: Exception, reason: str, transient: bool
+) -> None:
+    """Each Redis failure becomes queue_unavailable, naming what happened and whether a later
+    try may succeed (transient: never an attempt of the photo)."""
     mapped = errors.classify(streams.ERRORS, exc)
-    assert isinstance(mapped, QueueUnavailableError) and mapped.reason == reason
+    assert isinstance(mapped, QueueUnavailableError)
+    assert (mapped.reason, mapped.transient) == (reason, transient)
+
+
+@pytest.mark.parametrize(("exc", "reason", "transient"), POSTGRES_FAULTS)
+def test_every_postgres_fault_has_its_reason_and_kind(
+    exc: Exception, reason: str, transient: bool
+) -> None:
+    """Failover, shutdown, conflicts and dropped connections are transient database errors;
+    credentials, grants and a missing schema are permanent ones; a bad statement is a bug."""
+    mapped = errors.classify(db.ERRORS, exc)
+    assert mapped is not None and (mapped.reason, mapped.transient) == (reason, transient)
+    expected = InternalError if reason == "sql" else DatabaseUnavailableError
+    assert type(mapped) is expected
+
+
+@pytest.mark.parametrize(("make", "reason", "transient"), S3_FAULTS)
+def test_every_s3_fault_has_its_reason_and_kind(make: Any, reason: str, transient: bool) -> None:
+    """SlowDown, RequestTimeout, 5xx, timeouts and resets are transient storage errors; a
+    denial, a missing bucket, missing credentials or a skewed clock are permanent."""
+    mapped = errors.classify(storage._s3_rules(), make())
+    assert isinstance(mapped, StorageUnavailableError)
+    assert (mapped.reason, mapped.transient) == (reason, transient)
+
+
+@pytest.mark.parametrize(("exc", "reason", "transient"), FILE_FAULTS)
+def test_every_local_folder_fault_has_its_reason_and_kind(
+    exc: OSError, reason: str, transient: bool
+) -> None:
+    """A busy or full folder is transient; any other I/O error (a directory where the
+    original should be, no permission, a read-only disk) is permanent."""
+    mapped = storage._file_error("reading k", exc)
+    assert (mapped.reason, mapped.transient) == (reason, transient)
+    assert str(mapped).startswith(f"reading k: {reason}: ")
 
 
 @pytest.mark.parametrize(
-    ("exc", "reason"),
-    [
-        (asyncpg.ReadOnlySQLTransactionError("cannot execute UPDATE in a read-only transaction"),
-         "read_only"),
-        (asyncpg.InvalidPasswordError("password authentication failed"), "auth"),
-        (asyncpg.InvalidAuthorizationSpecificationError('role "x" is not permitted'), "auth"),
-        (asyncpg.InsufficientPrivilegeError("permission denied for table photos"),
-         "permission_denied"),
-        (asyncpg.CannotConnectNowError("the database system is starting up"), "starting_up"),
-        (asyncpg.AdminShutdownError("terminating connection due to administrator command"),
-         "shutdown"),
-        (asyncpg.TooManyConnectionsError("too many clients already"), "too_many_connections"),
-        (asyncpg.ConnectionDoesNotExistError("connection was closed"), "connection"),
-        (asyncpg.InternalClientError("cannot switch to state 12"), "connection"),
-        (OSError("Connection refused"), "connection"),
-    ],
+    ("table", "faults"),
+    [(streams.ERRORS, REDIS_FAULTS), (db.ERRORS, POSTGRES_FAULTS),
+     (storage._s3_rules(), S3_FAULTS), (storage.FILE_ERRORS, FILE_FAULTS)],
 )  # fmt: skip
-def test_every_postgres_fault_is_a_database_outage(exc: Exception, reason: str) -> None:
-    """Failover, credentials, shutdown and connection errors are database outages; a bad
-    statement is not."""
-    mapped = errors.classify(db.ERRORS, exc)
-    assert isinstance(mapped, DatabaseUnavailableError) and mapped.reason == reason
-    bug = errors.classify(db.ERRORS, asyncpg.UndefinedColumnError("column x does not exist"))
-    assert bug is not None and bug.code == "internal_error"
+def test_the_fault_lists_cover_every_row_of_every_table(table: Any, faults: Any) -> None:
+    """No row of an adapter's exception table goes untested: each (reason, kind) of the
+    table is met by a fault above, and each fault lands on a row of the table."""
+    rows = {(rule.reason, rule.transient) for rule in table}
+    assert {(reason, transient) for _, reason, transient in faults} == rows
 
 
 # -- Redis: real faults on a spare server --------------------------------------------------
@@ -255,6 +355,20 @@ async def test_two_waiters_one_prober(spare: int, spare_streams: Streams) -> Non
     assert gate.is_open()
 
 
+async def test_a_redis_command_fails_fast_when_redis_is_down() -> None:
+    """Redis unreachable: a command raises queue_unavailable (connection, transient) within
+    a second, after one reconnect: the gate and the photo's wait decide, not the driver."""
+    client = streams.connect(f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        started = time.monotonic()
+        with pytest.raises(QueueUnavailableError) as caught:
+            await _streams(client).probe()
+        assert time.monotonic() - started < 1.0
+        assert (caught.value.reason, caught.value.transient) == ("connection", True)
+    finally:
+        await client.aclose()
+
+
 # -- Redis: ownership races ------------------------------------------------------------------
 
 
@@ -278,6 +392,27 @@ async def test_a_stale_heartbeat_or_backoff_cannot_take_back_a_reclaimed_entry()
         assert await b.backoff(entry, 5_000) is True
         [row] = await client.xpending_range(a.stream, "darkroom", entry, entry, 1)
         assert row["time_since_delivered"] >= 5_000 and row["times_delivered"] == 2
+    finally:
+        await client.delete(a.stream, a.dead_stream)
+        await client.aclose()
+
+
+async def test_an_entry_is_handed_back_only_by_its_holder_and_without_a_delivery() -> None:
+    """B reclaimed A's entry (A lives): B hands it back to A, which owns it again with the
+    same delivery count; a consumer that does not hold the entry cannot hand it anywhere."""
+    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    a = _streams(client, "a")
+    b = Streams(client, a.stream, "darkroom", "b", a.dead_stream)
+    try:
+        await a.ensure_group()
+        entry = await a.enqueue({"photo_id": str(uuid.uuid4())})
+        await a.read_new(1, 10)
+        await client.xclaim(a.stream, "darkroom", "b", 0, [entry])  # B reclaims it
+        assert await a.hand_back(entry, "c") is False
+        assert await b.hand_back(entry, "a") is True
+        [row] = await client.xpending_range(a.stream, "darkroom", entry, entry, 1)
+        assert (row["consumer"], row["times_delivered"]) == ("a", 2)
+        assert await a.heartbeat([entry]) == {entry}, "A's heartbeat keeps it again"
     finally:
         await client.delete(a.stream, a.dead_stream)
         await client.aclose()

@@ -110,6 +110,57 @@ def test_policy_dead_letters_permanent_errors_at_once() -> None:
     assert policy.preset_idle_ms(30_000, 4_000) == 26_000 and policy.preset_idle_ms(100, 500) == 0
 
 
+def test_policy_waits_out_a_transient_error_in_place_until_its_budget() -> None:
+    """A transient error while the probe passes waits in place, 0.25 s doubling to 10 s,
+    counting nothing; past DARKROOM_TRANSIENT_BUDGET_S it ends the attempt, and the decision
+    on it is final with the dependency's own code (it was never the photo's attempt)."""
+    slow = StorageUnavailableError("SlowDown", reason="throttled", transient=True)
+    waits = [policy.in_place_ms(slow, n, 10.0, budget_s=60, rand=lambda: 1.0) for n in range(8)]
+    assert waits == [250, 500, 1000, 2000, 4000, 8000, 10_000, 10_000]
+    low = policy.in_place_ms(slow, 3, 10.0, budget_s=60, rand=lambda: 0.0)
+    assert low == 1000, "jittered within the upper half"
+    assert policy.in_place_ms(slow, 0, 60.0, budget_s=60) is None
+    decision = policy.decide(1, slow, max_attempts=5, base_ms=1000, cap_ms=30_000)
+    assert decision == policy.DeadLetter("storage_unavailable")
+
+
+def test_policy_gives_other_dependency_errors_two_quick_retries() -> None:
+    """A permanent dependency error while the probe passes gets 0.5 s and 1 s in place, then
+    ends the attempt as the photo's own failure: retried on the stream, counted."""
+    odd = StorageUnavailableError("io", reason="io")
+    waits = [policy.in_place_ms(odd, n, 0.0, budget_s=60) for n in range(3)]
+    assert waits == [500, 1000, None]
+    decision = policy.decide(1, odd, max_attempts=5, base_ms=1000, cap_ms=30_000, rand=lambda: 1)
+    assert decision == policy.Retry(1000)
+
+
+def test_the_delivery_count_is_only_a_generous_backstop() -> None:
+    """Deliveries of one entry end it only past 4 × MAX_ATTEMPTS + 10 (30 by default)."""
+    assert not policy.past_backstop(30, 5) and policy.past_backstop(31, 5)
+    assert not policy.past_backstop(14, 1) and policy.past_backstop(15, 1)
+
+
+@pytest.mark.parametrize("claim_idle_ms", [100, 300, 3000, 30_000, 120_000])
+def test_a_dead_owners_lease_runs_out_before_xautoclaim_can_take_its_entry(
+    claim_idle_ms: int,
+) -> None:
+    """The lease is two heartbeats (a live owner renews it with one to spare) and at least
+    one heartbeat shorter than CLAIM_IDLE_MS (a dead owner's has run out at reclaim)."""
+    beat_ms = policy.heartbeat_s(claim_idle_ms) * 1000
+    assert policy.lease_ms(claim_idle_ms) == pytest.approx(2 * beat_ms, abs=1)
+    assert policy.lease_ms(claim_idle_ms) + beat_ms <= claim_idle_ms
+    assert policy.lease_ms(30_000) == 20_000
+
+
+def test_the_transient_budget_defaults_to_an_hour_and_has_a_floor() -> None:
+    """DARKROOM_TRANSIENT_BUDGET_S: 3600 by default; below 1 s, inf or nan is refused."""
+    assert from_env({}).transient_budget_s == 3600
+    assert from_env({"DARKROOM_TRANSIENT_BUDGET_S": "2.5"}).transient_budget_s == 2.5
+    for bad in ("0.5", "0", "-1", "inf", "nan"):
+        with pytest.raises(SettingsError, match=r"^DARKROOM_TRANSIENT_BUDGET_S: "):
+            from_env({"DARKROOM_TRANSIENT_BUDGET_S": bad})
+
+
 def test_entry_codec() -> None:
     """A task needs a UUID photo_id; dead letters keep every original field."""
     photo_id = uuid.uuid4()

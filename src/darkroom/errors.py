@@ -25,15 +25,19 @@ class CodeInfo(NamedTuple):
 class DarkroomError(Exception):
     """Base of every error darkroom raises about a photo or a dependency. `reason` says
     what a dependency error means (`read_only`, `auth`, `connection`, ...): /readyz and
-    the logs show it; the code stays the stable contract."""
+    the logs show it; the code stays the stable contract. `transient` (set by an adapter's
+    table) says the dependency could not serve the request now (throttled, unavailable,
+    timed out, a dropped connection) and may well serve it on a later try: such an error
+    never counts an attempt of the photo."""
 
     code: ClassVar[str] = "internal_error"
     retryable: ClassVar[bool] = True
     stage: ClassVar[str] = "process"
 
-    def __init__(self, *args: object, reason: str = "") -> None:
+    def __init__(self, *args: object, reason: str = "", transient: bool = False) -> None:
         super().__init__(*args)
         self.reason = reason or self.code
+        self.transient = transient
 
 
 class TransientError(DarkroomError):
@@ -139,7 +143,7 @@ def _table() -> dict[str, CodeInfo]:
         "timeout": "render took longer than DARKROOM_JOB_TIMEOUT_S",
         "render_crashed": "the render process died (native crash)",
         "out_of_memory": "render exceeded DARKROOM_RENDER_MEMORY_MB",
-        "attempts_exhausted": "delivered DARKROOM_MAX_ATTEMPTS times without finishing",
+        "attempts_exhausted": "attempted DARKROOM_MAX_ATTEMPTS times without finishing",
         "internal_error": "unexpected exception in darkroom",
     }
     classes: list[type[DarkroomError]] = [
@@ -154,13 +158,21 @@ def _table() -> dict[str, CodeInfo]:
 ERROR_CODES: Final[dict[str, CodeInfo]] = _table()
 
 
+# A Rule's `transient`: the dependency could not serve the request now and may on a later
+# try (TRANSIENT), or it answered that this request cannot succeed as made: credentials,
+# grants, a missing bucket or table, a bug in darkroom's own request (PERMANENT).
+TRANSIENT, PERMANENT = True, False
+
+
 class Rule(NamedTuple):
     """One row of an adapter's exception table: a driver exception (optionally refined by
-    `match`, for a message prefix, a SQLSTATE or an S3 error code) becomes `to`."""
+    `match`, for a message prefix, a SQLSTATE or an S3 error code) becomes `to`, transient
+    or permanent."""
 
     driver: type[BaseException] | tuple[type[BaseException], ...]
     to: type[DarkroomError]
     reason: str
+    transient: bool
     match: Callable[[BaseException], bool] | None = None
 
 
@@ -169,7 +181,7 @@ def classify(rules: Sequence[Rule], exc: BaseException) -> DarkroomError | None:
     for rule in rules:
         if isinstance(exc, rule.driver) and (rule.match is None or rule.match(exc)):
             message = f"{rule.reason}: {type(exc).__name__}: {exc}"[:1000]
-            return rule.to(message, reason=rule.reason)
+            return rule.to(message, reason=rule.reason, transient=rule.transient)
     return None
 
 

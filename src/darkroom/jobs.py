@@ -2,10 +2,11 @@
 or a recorded retry, or a dead letter.
 
 Ordering hazards: the ack comes only after the publishing commit; a final failure is
-one SQL statement and then one Redis script (dead letter + ack + delete). Renditions go
-to new keys (named by their content) and the renditions a re-render replaced are deleted
-only after its commit. A dependency outage is waited out in place (health.Gate), so it
-costs the photo no attempt.
+one SQL statement and then one Redis script (dead letter + ack + delete). Attempts are
+counted in PostgreSQL by the claim; a dependency outage (health.Gate) and a transient
+error are waited out in place, so neither costs the photo an attempt, and a job whose
+owner lives is left to it. Renditions go to new keys (named by their content) and the
+renditions a re-render replaced are deleted only after its commit.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -42,12 +43,11 @@ from darkroom.store.storage import CONTENT_TYPES, Storage
 
 log = structlog.get_logger("darkroom.jobs")
 
-# A dependency error while the dependency answers its probe (a dropped connection, say)
-# is retried in place this many times before it counts as the photo's failure.
-IN_PLACE_RETRIES = 2
 # The shielded failure record (SQL, then its Redis half) gives up after this long; the
 # entry then stays pending and is reclaimed, so a hung dependency cannot hang a stop.
 RECORD_DEADLINE_S = 20.0
+# Giving a claim back at a stop waits at most this long (the process is on its way out).
+RELEASE_DEADLINE_S = 2.0
 
 
 def sha256_hex(data: bytes) -> str:
@@ -60,6 +60,17 @@ class LeftPending(Exception):
 
 
 @dataclass
+class Streak:
+    """One delivery's waits in place: how many so far, and where the photo's streak of
+    transient errors started by this worker's clock (re-anchored on PostgreSQL's, which
+    keeps it across restarts and reclaims, whenever the database answers)."""
+
+    retries: int = 0
+    started_s: float | None = None
+    restart: bool = False  # an outage ended the last streak: the next error starts anew
+
+
+@dataclass
 class Jobs:
     settings: Settings
     pool: db.Pool
@@ -68,13 +79,21 @@ class Jobs:
     gate: Gate
     renderer: RenderPool
     stopping: anyio.Event
-    # The worker's in-flight entries (their owner); an entry is settled before its
-    # backoff is set, so a late heartbeat cannot cancel the delay.
-    in_flight: InFlight
+    # The worker's in-flight entries (their owner) and what each claimed; an entry is
+    # settled before its backoff is set, so a late heartbeat cannot cancel the delay.
+    in_flight: InFlight[db.Claim]
+    # This process, as the holder of the jobs it claims (a consumer name may be reused by
+    # the next process; this never is).
+    holder: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        self.lease = db.Lease(
+            self.holder, policy.lease_ms(self.settings.claim_idle_ms), self.settings.max_attempts
+        )
 
     async def handle(self, entry: Entry, deliveries: int) -> None:
         started = time.monotonic()
-        bound = log.bind(entry_id=entry.id, photo_id=_logged_photo_id(entry), attempt=deliveries)
+        bound = log.bind(entry_id=entry.id, photo_id=_logged_photo_id(entry), deliveries=deliveries)
         try:
             outcome = await self._resilient(entry, deliveries)
             metrics.OUTCOMES.labels(outcome).inc()
@@ -89,42 +108,103 @@ class Jobs:
             await self._fail(entry, deliveries, error, bound)
 
     async def _resilient(self, entry: Entry, deliveries: int) -> str:
-        """Process and ack; dependency errors are retried in place, outages waited out."""
-        retries = 0
-        claims: dict[str, db.Claim] = {}  # one claim per delivery, however often retried
+        """Process and ack. A stop that cuts the work short gives the claim back: it was not
+        the photo's attempt."""
+        try:
+            return await self._until_acked(entry, deliveries)
+        except (LeftPending, anyio.get_cancelled_exc_class()):
+            await self._release(entry)
+            raise
+
+    async def _until_acked(self, entry: Entry, deliveries: int) -> str:
+        """An outage is waited out, a transient error waits in place, another dependency
+        error gets a few quick retries in place; none of them counts an attempt."""
+        streak = Streak()
         outcome = None  # once committed, only the ack is retried
         while True:
             try:
-                outcome = outcome or await self._process(entry, deliveries, claims)
-                await self.streams.ack(entry.id)
+                outcome = outcome or await self._process(entry, deliveries)
+                if outcome != "busy":  # a busy job's entry belongs to its live owner
+                    await self.streams.ack(entry.id)
                 return outcome
             except DarkroomError as exc:
                 if exc.stage not in DEPENDENCIES or not exc.retryable:
                     raise
-                # An outage is waited out; a dependency that answers its probe gets a
-                # few retries in place, each after a pause (never back to back).
-                if not await self.gate.wait(exc.stage):
-                    retries += 1
-                    if retries > IN_PLACE_RETRIES:
-                        raise
-                    await anyio.sleep(0.25 * 2**retries)
+                await self._pause(entry, exc, streak)
                 if self.stopping.is_set():
                     raise LeftPending from exc
 
-    async def _process(self, entry: Entry, deliveries: int, claims: dict[str, db.Claim]) -> str:
-        # The cap comes first, whatever the entry holds: nothing about its content may
-        # keep an entry delivered past the cap from being given up.
-        if deliveries > self.settings.max_attempts:
-            await self._given_up(entry, deliveries, claims)
+    async def _pause(self, entry: Entry, exc: DarkroomError, streak: Streak) -> None:
+        """Wait before the next try in place, or raise when `exc` ends the attempt. Never
+        back to back: the policy's delays grow from 0.25 s."""
+        if await self.gate.wait(exc.stage):
+            streak.restart = True  # an outage, waited out: not the photo's streak
+            return
+        streak_s = await self._streak_s(entry, exc, streak)
+        budget_s = self.settings.transient_budget_s
+        delay_ms = policy.in_place_ms(exc, streak.retries, streak_s, budget_s=budget_s)
+        if delay_ms is None:
+            if exc.transient:
+                raise _budget_spent(exc, streak_s, budget_s) from exc
+            raise exc
+        streak.retries += 1
+        await self._wait_in_place(entry, exc, delay_ms, streak_s)
+
+    async def _wait_in_place(
+        self, entry: Entry, exc: DarkroomError, delay_ms: int, streak_s: float
+    ) -> None:
+        if exc.transient:
+            metrics.TRANSIENT_WAITS.labels(exc.code, exc.reason).inc()
+        event = "transient error; waiting in place" if exc.transient else "retrying in place"
+        log.warning(event, entry_id=entry.id, error_code=exc.code, reason=exc.reason,
+                    error=str(exc), delay_ms=delay_ms, transient_s=round(streak_s, 1))  # fmt: skip
+        await self.gate.clock.sleep(delay_ms / 1000, self.stopping)
+
+    async def _streak_s(self, entry: Entry, exc: DarkroomError, streak: Streak) -> float:
+        """Age of the photo's streak of transient errors (none for any other error)."""
+        if not exc.transient:
+            return 0.0
+        now_s = self.gate.clock.now()
+        if streak.started_s is None or streak.restart:
+            streak.started_s = now_s
+        claim = self.in_flight.claim_of(entry.id)
+        if claim is not None and claim.outcome == "claimed":
+            try:
+                age_s = await db.transient_streak_s(
+                    self.pool, claim.photo_id, self.lease, streak.restart
+                )
+            except DarkroomError:
+                age_s = None  # the database is what fails: this worker's clock meanwhile
+            if age_s is not None:
+                streak.started_s = now_s - age_s
+        streak.restart = False
+        return now_s - streak.started_s
+
+    async def _release(self, entry: Entry) -> None:
+        """Shielded and brief: if PostgreSQL does not answer, the claim stays counted."""
+        claim = self.in_flight.claim_of(entry.id)
+        if claim is None or claim.outcome != "claimed":
+            return
+        with anyio.CancelScope(shield=True) as scope:
+            scope.deadline = anyio.current_time() + RELEASE_DEADLINE_S
+            try:
+                await db.release(self.pool, claim.photo_id, self.lease)
+            except DarkroomError as exc:
+                log.warning("could not give the claim back; it counts as an attempt",
+                            entry_id=entry.id, error=str(exc))  # fmt: skip
+
+    async def _process(self, entry: Entry, deliveries: int) -> str:
+        # The backstop comes first, whatever the entry holds: nothing about its content may
+        # keep an entry delivered past it from being given up.
+        backstop = policy.past_backstop(deliveries, self.settings.max_attempts)
+        if backstop:
+            _give_up_if_malformed(entry, deliveries)
         task = parse_task(entry)
-        claim = claims.get(entry.id) or await db.claim(
-            self.pool, task.photo_id, entry.id, self.streams.consumer
-        )
-        claims[entry.id] = claim
-        if claim.outcome == "already" and claim.state == "processing_failed":
-            return await self._finish_failure(entry, deliveries, claim)
+        claim = await self._claim(entry, task.photo_id)
+        if claim.outcome == "claimed" and backstop:
+            await self._past_the_cap(task.photo_id, f"delivered {deliveries} times")
         if claim.outcome != "claimed":
-            return claim.outcome
+            return await self._unclaimed(entry, deliveries, claim)
         with metrics.STAGE_SECONDS.labels("download").time():
             original = await self.storage.get(claim.original_key, self.settings.max_original_bytes)
         with metrics.STAGE_SECONDS.labels("render").time():
@@ -144,20 +224,26 @@ class Jobs:
         await self._delete_superseded(task.photo_id, keys.superseded(replaced, current))
         return "published"
 
-    async def _given_up(self, entry: Entry, deliveries: int, claims: dict[str, db.Claim]) -> None:
-        """Past the cap: a malformed entry names no photo to ask about, so it is given up
-        at once (parse_task is pure and raises only BadMessageError); a well-formed one
-        goes to `_past_the_cap`."""
-        try:
-            photo_id = parse_task(entry).photo_id
-        except BadMessageError as exc:
-            message = f"delivered {deliveries} times without finishing; {exc}"
-            raise AttemptsExhaustedError(message) from exc
-        await self._past_the_cap(entry, photo_id, deliveries, claims)
+    async def _claim(self, entry: Entry, photo_id: uuid.UUID) -> db.Claim:
+        """One claim per delivery, however often retried in place (kept with the entry).
+        The job is claimed before any failure is recorded: only its owner may record one."""
+        claim = self.in_flight.claim_of(entry.id) or await db.claim(
+            self.pool, photo_id, entry.id, self.streams.consumer, self.lease
+        )
+        self.in_flight.claimed(entry.id, claim)
+        return claim
 
-    async def _past_the_cap(
-        self, entry: Entry, photo_id: uuid.UUID, deliveries: int, claims: dict[str, db.Claim]
-    ) -> None:
+    async def _unclaimed(self, entry: Entry, deliveries: int, claim: db.Claim) -> str:
+        if claim.outcome == "exhausted":
+            await self._past_the_cap(claim.photo_id, f"attempted {claim.attempt - 1} times")
+            return "already"  # a re-render given up, or a photo gone meanwhile
+        if claim.outcome == "busy":
+            return await self._step_aside(entry, claim)
+        if claim.outcome == "already" and claim.state == "processing_failed":
+            return await self._finish_failure(entry, deliveries, claim)
+        return claim.outcome
+
+    async def _past_the_cap(self, photo_id: uuid.UUID, tried: str) -> None:
         """Checked before any work, so a photo that kills its worker cannot loop. A photo
         that is gone or already terminal goes on to the claim, which changes nothing."""
         state = await db.photo_state(self.pool, photo_id)
@@ -166,18 +252,22 @@ class Jobs:
         if state in (None, "processed", "processing_failed"):
             return
         code, message = await db.last_error(self.pool, photo_id)
-        # The job is taken first: only the delivery that owns it may record its failure
-        # (its last owner is the worker that died).
-        claim = claims.get(entry.id) or await db.claim(
-            self.pool, photo_id, entry.id, self.streams.consumer
-        )
-        claims[entry.id] = claim
-        if claim.outcome != "claimed":
-            return  # finished meanwhile: the claim's outcome says how
         raise AttemptsExhaustedError(
-            f"delivered {deliveries} times without finishing; last error: "
+            f"{tried} without finishing; last error: "
             f"{code or 'none recorded (the worker died)'} {message or ''}".strip()
         )
+
+    async def _step_aside(self, entry: Entry, claim: db.Claim) -> str:
+        """The job's owner lives (its lease runs; a Redis outage ate its heartbeat): its own
+        entry goes back to it, counting no delivery; a duplicate entry stays pending and
+        comes back after CLAIM_IDLE_MS, when the photo is finished or its owner gone."""
+        self.in_flight.settle(entry.id)
+        handed = bool(claim.owner) and claim.last_entry == entry.id
+        if handed:
+            handed = await self.streams.hand_back(entry.id, str(claim.owner))
+        log.info("job held by a live worker; stepped aside", entry_id=entry.id,
+                 owner=claim.owner, handed_back=handed)  # fmt: skip
+        return "busy"
 
     async def _finish_failure(self, entry: Entry, deliveries: int, claim: db.Claim) -> str:
         """The failure of this very entry was committed but its dead letter never written
@@ -223,8 +313,11 @@ class Jobs:
                         keys=candidates, error_code=exc.code, error=str(exc))  # fmt: skip
 
     async def _fail(self, entry: Entry, deliveries: int, exc: DarkroomError, bound: Any) -> None:
+        claim = self.in_flight.claim_of(entry.id)
+        # PostgreSQL's count; for a failure before any claim, the stream's delivery count
+        attempt = claim.attempt if claim is not None else deliveries
         decision = policy.decide(
-            deliveries,
+            attempt,
             exc,
             max_attempts=self.settings.max_attempts,
             base_ms=self.settings.retry_base_ms,
@@ -233,19 +326,20 @@ class Jobs:
         final = isinstance(decision, policy.DeadLetter)
         self.in_flight.settle(entry.id)
         metrics.FAILURES.labels(exc.code, str(final).lower()).inc()
-        bound = bound.bind(error_code=exc.code, error=str(exc))
+        bound = bound.bind(attempt=attempt, deliveries=deliveries, error_code=exc.code,
+                           error=str(exc))  # fmt: skip
         # Shielded: the SQL record and its Redis half must not be split by a shutdown;
         # with a deadline, so a hung dependency cannot hold the stop forever.
         with anyio.CancelScope(shield=True) as scope:
             scope.deadline = anyio.current_time() + RECORD_DEADLINE_S
-            await self._record(entry, deliveries, exc, decision, bound)
+            await self._record(entry, attempt, exc, decision, bound)
         if scope.cancelled_caught:
             bound.error("recording the failure timed out; left pending for reclaim")
 
     async def _record(
         self,
         entry: Entry,
-        deliveries: int,
+        attempt: int,
         exc: DarkroomError,
         decision: policy.Retry | policy.DeadLetter,
         bound: Any,
@@ -254,7 +348,7 @@ class Jobs:
             if isinstance(decision, policy.Retry):
                 await self._retry_later(entry, exc, decision.delay_ms)
                 bound.warning("attempt failed; will retry", delay_ms=decision.delay_ms)
-            elif (ended := await self._dead_letter(entry, deliveries, exc)) == "dead_lettered":
+            elif (ended := await self._dead_letter(entry, attempt, exc)) == "dead_lettered":
                 metrics.OUTCOMES.labels("failed").inc()
                 bound.error("photo failed; dead-lettered")
             elif ended == "rerender_failed":
@@ -273,7 +367,9 @@ class Jobs:
     async def _retry_later(self, entry: Entry, exc: DarkroomError, delay_ms: int) -> None:
         photo_id = _photo_id(entry)
         if photo_id is not None:
-            await db.record_retry(self.pool, photo_id, entry.id, exc.code, str(exc), delay_ms)
+            await db.record_retry(
+                self.pool, photo_id, entry.id, exc.code, str(exc), delay_ms, self.lease
+            )
         idle_ms = policy.preset_idle_ms(self.settings.claim_idle_ms, delay_ms)
         await self.streams.backoff(entry.id, idle_ms)
 
@@ -320,6 +416,23 @@ def _logged_photo_id(entry: Entry) -> str | None:
     """For the log line: the field as text (escaped), cut short, whatever was sent."""
     shown = entry.fields.get("photo_id")
     return None if shown is None else shown[:80]
+
+
+def _give_up_if_malformed(entry: Entry, deliveries: int) -> None:
+    """Past the backstop, a malformed entry names no photo to claim: given up at once
+    (parse_task is pure and raises only BadMessageError)."""
+    try:
+        parse_task(entry)
+    except BadMessageError as exc:
+        message = f"delivered {deliveries} times without finishing; {exc}"
+        raise AttemptsExhaustedError(message) from exc
+
+
+def _budget_spent(exc: DarkroomError, streak_s: float, budget_s: float) -> DarkroomError:
+    """The dependency's own error, final: transient for longer than the budget."""
+    message = (f"transient errors for {streak_s:.0f} s, past DARKROOM_TRANSIENT_BUDGET_S"
+               f" ({budget_s:g} s); the last: {exc}")  # fmt: skip
+    return type(exc)(message, reason=exc.reason, transient=True)
 
 
 def _photo_id(entry: Entry) -> uuid.UUID | None:

@@ -22,6 +22,11 @@ from prometheus_client import (
 
 OUTCOMES = Counter("darkroom_entries_total", "Stream entries finished, by outcome", ["outcome"])
 FAILURES = Counter("darkroom_failures_total", "Failed attempts, by error code", ["code", "final"])
+TRANSIENT_WAITS = Counter(
+    "darkroom_transient_waits_total",
+    "Waits in place after a transient error of a dependency that answered its probe",
+    ["code", "reason"],
+)
 STAGE_SECONDS = Histogram(
     "darkroom_stage_seconds",
     "Time spent per stage of one photo",

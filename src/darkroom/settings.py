@@ -84,6 +84,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_attempts: int = 5
     retry_base_ms: int = 1000
     claim_idle_ms: int = 30_000
+    # How long a photo may keep meeting transient errors of a dependency that answers its
+    # probe (throttling, 5xx, dropped connections) before it fails with that dependency's code.
+    transient_budget_s: float = 3600.0
     sweep_after_s: float = 300.0
     job_timeout_s: float = 120.0
     render_memory_mb: int = 2048
@@ -143,6 +146,7 @@ MINIMUMS: dict[str, float] = {
     "read_block_ms": 10,
     "max_in_flight": 1,
     "renders_per_process": 1,
+    "transient_budget_s": 1.0,
     "render_max_rss_mb": 64,  # a warm process is about 40 MB: each would be replaced
 }
 
@@ -242,6 +246,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "max_attempts": _bounded("max_attempts", int),
     "retry_base_ms": _bounded("retry_base_ms", int),
     "claim_idle_ms": _bounded("claim_idle_ms", int),
+    "transient_budget_s": _bounded("transient_budget_s", float),
     "sweep_after_s": _bounded("sweep_after_s", float),
     "job_timeout_s": _bounded("job_timeout_s", float),
     "render_memory_mb": _bounded("render_memory_mb", int),

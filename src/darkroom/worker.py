@@ -11,7 +11,7 @@ few seconds.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from darkroom.errors import DarkroomError
 from darkroom.health import DEPENDENCIES, Clock, Gate, RealClock
 from darkroom.image.renderer import RenderPool
 from darkroom.jobs import Jobs
+from darkroom.queue import policy
 from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import Entry
 from darkroom.queue.pacing import Backoff, Throttle
@@ -54,7 +55,7 @@ class Worker:
     _drain_sweep_failures: int = 0
 
     def __post_init__(self) -> None:
-        self.in_flight = InFlight(self.settings.in_flight_bound)
+        self.in_flight: InFlight[db.Claim] = InFlight(self.settings.in_flight_bound)
         self.gate = Gate(
             {
                 "queue": self.streams.probe,
@@ -82,7 +83,8 @@ class Worker:
 
     async def run(self, *, drain: bool = False) -> None:
         async with self.renderer, anyio.create_task_group() as services:
-            services.start_soon(self._heartbeat_loop)
+            services.start_soon(self._heartbeat_loop, "heartbeat failed", self._refresh_entries)
+            services.start_soon(self._heartbeat_loop, "renewing leases failed", self._renew_leases)
             services.start_soon(self._sweep_loop)
             async with anyio.create_task_group() as jobs:
                 await self._intake(jobs, drain)
@@ -243,25 +245,40 @@ class Worker:
 
     # -- background loops -------------------------------------------------------------------
 
-    async def _heartbeat_loop(self) -> None:
-        """Keep in-flight entries young so no other consumer steals a slow photo."""
-        period_s = min(self.settings.claim_idle_ms / 3000, 10.0)
+    async def _heartbeat_loop(self, failed: str, beat: Callable[[], Awaitable[None]]) -> None:
+        """One heartbeat: of the in-flight entries in the stream (no other consumer steals a
+        slow photo) or of their jobs' leases in PostgreSQL (one that reclaimed an entry all
+        the same, after a Redis outage, finds the owner alive and counts nothing). Two
+        loops: a hung Redis must not stop the leases, nor a hung database the entries."""
+        period_s = policy.heartbeat_s(self.settings.claim_idle_ms)
         throttle = Throttle(REPEAT_LOG_EVERY_S)
         while True:
             await anyio.sleep(period_s)
-            ids = self.in_flight.heartbeat_ids()
-            try:
-                kept = await self.streams.heartbeat(ids)
-            except DarkroomError as exc:
-                self._say_repeat(throttle, "heartbeat failed", exc)
-                continue
-            except Exception:  # a bug must not end the worker: the next beat tries again
-                log.exception("heartbeat failed unexpectedly")
-                continue
-            throttle.clear()
-            lost = [i for i in ids if i not in kept and i in self.in_flight]
-            if lost:
-                log.info("entries taken over by another consumer; not refreshed", entries=lost)
+            await self._beat(failed, throttle, beat)
+
+    async def _beat(
+        self, failed: str, throttle: Throttle, beat: Callable[[], Awaitable[None]]
+    ) -> None:
+        try:
+            await beat()
+        except DarkroomError as exc:
+            self._say_repeat(throttle, failed, exc)
+            return
+        except Exception:  # a bug must not end the worker: the next beat tries again
+            log.exception(f"{failed} unexpectedly")
+            return
+        throttle.clear()
+
+    async def _refresh_entries(self) -> None:
+        ids = self.in_flight.heartbeat_ids()
+        kept = await self.streams.heartbeat(ids)
+        lost = [i for i in ids if i not in kept and i in self.in_flight]
+        if lost:
+            log.info("entries taken over by another consumer; not refreshed", entries=lost)
+
+    async def _renew_leases(self) -> None:
+        photos = [c.photo_id for c in self.in_flight.young_claims() if c.outcome == "claimed"]
+        await db.renew_leases(self.pool, self.jobs.lease, photos)
 
     async def _sweep_loop(self) -> None:
         period_s = max(1.0, min(self.settings.sweep_after_s / 2, 60.0))

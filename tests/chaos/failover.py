@@ -1,5 +1,6 @@
 """Failover windows for the chaos runs: Redis demoted to a replica (writes answer READONLY),
-PostgreSQL turned read-only, S3 denying every request (403 AccessDenied). Each is opened
+PostgreSQL turned read-only, S3 denying every request (403 AccessDenied), S3 throttling the
+rendition uploads (503 SlowDown on `renditions/`, while the probe passes). Each is opened
 and closed on a Rig; `figures` says what a window cost, from the workers' JSON logs."""
 
 from __future__ import annotations
@@ -11,11 +12,18 @@ from typing import Any
 from tests.chaos.rig import Rig
 
 # How long each window stays open, in seconds (issue 6).
-FAILOVER_S = {"redis_replica": 10.0, "pg_read_only": 30.0, "s3_denied": 20.0}
+FAILOVER_S = {"redis_replica": 10.0, "pg_read_only": 30.0, "s3_denied": 20.0,
+              "s3_slowdown": 15.0}  # fmt: skip
 # Failures logged this long after a window closed still count as its cost (a failure record
 # can only be written once the dependency is back).
 TAIL_S = 5.0
 RETRY, DEAD_LETTERED = "attempt failed; will retry", "photo failed; dead-lettered"
+DELIVERY_EVENTS = ("entry done", RETRY, DEAD_LETTERED)
+TRANSIENT_WAIT = "transient error; waiting in place"
+
+
+def renditions_put(method: str, path: str) -> bool:
+    return method == "PUT" and "/renditions/" in path
 
 
 def open_window(rig: Rig, kind: str) -> dict[str, Any]:
@@ -29,6 +37,10 @@ def open_window(rig: Rig, kind: str) -> dict[str, Any]:
     if kind == "s3_denied":
         rig.s3_proxy.denied = 0
         rig.s3_proxy.deny(True)
+        return {}
+    if kind == "s3_slowdown":
+        rig.s3_faults.denied = 0
+        rig.s3_faults.throttle(renditions_put)
         return {}
     raise ValueError(kind)
 
@@ -46,6 +58,9 @@ def close_window(rig: Rig, kind: str) -> dict[str, Any]:
     if kind == "s3_denied":
         rig.s3_proxy.deny(False)
         return {"requests_denied": rig.s3_proxy.denied}
+    if kind == "s3_slowdown":
+        rig.s3_faults.throttle(lambda method, path: False)
+        return {"requests_throttled": rig.s3_faults.denied}
     raise ValueError(kind)
 
 
@@ -58,6 +73,7 @@ def figures(window: dict[str, Any], records: list[dict[str, Any]], until: float)
     after = [x for x in records if at <= x["ts"] <= until]
     done = sorted(x["ts"] for x in records if x.get("event") == "entry done")
     i = bisect.bisect(done, lifted)
+    deliveries = [x for x in after if x.get("event") in DELIVERY_EVENTS]
     kinds = Counter(
         f"{x.get('level')} {x.get('event')} [{x.get('error_code') or x.get('dependency') or ''}]"
         for x in inside
@@ -73,6 +89,12 @@ def figures(window: dict[str, Any], records: list[dict[str, Any]], until: float)
         "dead_lettered": dict(
             Counter(x.get("error_code") for x in after if x.get("event") == DEAD_LETTERED)
         ),
+        "transient_waits_logged": dict(
+            Counter(x.get("error_code") for x in after if x.get("event") == TRANSIENT_WAIT)
+        ),
         "entries_done_inside": sum(at <= t <= lifted for t in done),
+        # every delivery that ended (a SIGKILLed one is not logged: its redelivery is)
+        "deliveries_logged": len(deliveries),
+        "photos_logged": len({x.get("photo_id") for x in deliveries}),
         "recovery_s": round(done[i] - lifted, 2) if i < len(done) else None,
     }

@@ -1,7 +1,9 @@
 """Chaos rig, all on loopback: a private redis-server (restartable, loses its data; can be
 demoted to a replica), a moto S3 server, a PostgreSQL database (can be made read-only), TCP
 proxies that can hang or cut connections (the S3 one can also deny every request with 403),
-and restartable `darkroom run` workers whose JSON logs are kept in the tmp dir."""
+behind the S3 one an HTTP proxy that answers S3 errors to the requests it picks (503
+SlowDown on a prefix), and restartable `darkroom run` workers whose JSON logs are kept in
+the tmp dir."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import asyncpg
 import redis
 
 from tests.conftest import AWS_ENV, PG_BASE, free_port, s3_client
+from tests.faults import DenyingS3Proxy
 
 BUCKET, PREFIX = "chaos", "photos/"
 STREAM, DEAD, GROUP = "{darkroom}:photos", "{darkroom}:dead", "darkroom"
@@ -244,7 +247,11 @@ class Rig:
         self.s3 = s3_client(self.s3_url)
         self.stack.callback(self.s3.close)
         self.s3.create_bucket(Bucket=BUCKET)
-        self.s3_proxy = S3Proxy("127.0.0.1", moto_port)
+        # workers → S3Proxy (TCP: pause, cut, deny all) → s3_faults (HTTP: per request) → moto
+        self.s3_faults = DenyingS3Proxy(self.s3_url)
+        self.stack.callback(self.s3_faults.close)
+        faults_port = int(self.s3_faults.url.rsplit(":", 1)[1])
+        self.s3_proxy = S3Proxy("127.0.0.1", faults_port)
         self.stack.callback(self.s3_proxy.close)
         pg = urlsplit(PG_BASE)
         self.pg_proxy = Proxy(pg.hostname or "127.0.0.1", pg.port or 5432)
@@ -402,11 +409,13 @@ class Rig:
         self.workers[slot].reported = True
         self.start_worker(slot)
 
-    def holding(self, deliveries: int) -> set[int]:
-        """Workers holding an entry already delivered at least `deliveries` times."""
-        with self.redis() as client, contextlib.suppress(redis.RedisError):
-            rows = client.xpending_range(STREAM, GROUP, "-", "+", 10_000)
-            hot = {row["consumer"] for row in rows if row["times_delivered"] >= deliveries}
+    def holding(self, attempts: int) -> set[int]:
+        """Workers holding a job on its attempt `attempts` (of this run) or later: PostgreSQL
+        counts the attempts (a SIGKILL ends one)."""
+        sql = ("SELECT DISTINCT consumer FROM photo_jobs"
+               " WHERE state = 'active' AND attempt - run_offset >= $1")  # fmt: skip
+        with contextlib.suppress(Exception):
+            hot = {row["consumer"] for row in self.query(sql, attempts)}
             return {slot for slot, w in self.workers.items() if w.consumer in hot}
         return set()
 

@@ -36,13 +36,18 @@ VALID = [*(f"Landscape_{i}.jpg" for i in range(1, 9)), "4.webp", "animated-loop-
 N_VALID, N_NOISE, N_TRUNCATED, UPFRONT, CHUNK = 500, 10, 10, 200, 50
 WINDOW_S, DRAIN_DEADLINE_S, STALL_S = 122.0, 600.0, 60.0
 # Seconds after the workers start; a random worker is SIGKILLed every 1–3 s in between. The
-# failovers (failover.FAILOVER_S long: 10, 30, 20 s) follow the Redis restart, each after a
-# chunk is ingested (so it meets a backlog) and ≥ failover.TAIL_S after the previous one.
+# failovers (failover.FAILOVER_S long: 10, 30, 20, 15 s) follow the Redis restart, each after
+# a chunk is ingested (so it meets a backlog) and ≥ failover.TAIL_S after the previous one;
+# the last one is S3 throttling the rendition uploads (503 SlowDown) while the probe passes.
 SCHEDULE = [(3, "ingest"), (5, "sigstop"), (8, "ingest"), (12, "s3_pause"), (16, "ingest"),
             (21, "ingest"), (25, "pg_terminate"), (29, "pg_cut"), (33, "redis_restart"),
             (37, "ingest"), (39, "malformed"), (41, "ingest"), (44, "ingest"),
             (45, "redis_replica"),
-            (60, "ingest"), (61, "pg_read_only"), (96, "ingest"), (97, "s3_denied")]  # fmt: skip
+            (60, "ingest"), (61, "pg_read_only"), (96, "ingest"), (97, "s3_denied"),
+            (122, "ingest"), (123, "s3_slowdown")]  # fmt: skip
+# In the S3 SlowDown window (and failover.TAIL_S after it), deliveries that ended, per
+# photo: a transient error waits in place, so about one each (kills add their redelivery).
+SLOWDOWN_DELIVERIES_PER_PHOTO = 1.10
 FAULT_KINDS = {"sigkill", "sigstop", "s3_pause", "pg_terminate", "pg_cut", "redis_restart",
                *failover.FAILOVER_S}  # fmt: skip
 
@@ -115,9 +120,10 @@ class Chaos:
         return time.monotonic() - t0
 
     def kill(self) -> None:
-        """SIGKILL a random worker, sparing one that holds a photo on its last attempt: a
-        photo killed MAX_ATTEMPTS times is dead-lettered `attempts_exhausted` by design (the
-        poison-photo rule), and that would be the rig's doing, not the worker's."""
+        """SIGKILL a random worker, sparing one that holds a photo on its last attempt (in
+        PostgreSQL's count): a photo killed MAX_ATTEMPTS times is dead-lettered
+        `attempts_exhausted` by design (the poison-photo rule), and that would be the rig's
+        doing, not the worker's."""
         spare = self.rig.holding(int(SETTINGS["DARKROOM_MAX_ATTEMPTS"])) | {self.frozen}
         slot = self.rng.choice(range(self.rig.n_workers))
         if slot in spare:
@@ -315,6 +321,7 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
     lettered = Counter(x.get("photo_id") for x in letters)
     final = {x["id"]: x["processed_at"] for x in processed}
     ok = {("processed", "published"), ("processing_failed", "unpublished")}
+    slowdown = figures["failovers"].get("s3_slowdown", {})
     published = Counter(x.get("photo_id") for x in records if x.get("outcome") == "published")
     checks = {
         "rig: fault kinds never injected": sorted(FAULT_KINDS - set(faults)),
@@ -333,6 +340,14 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
         "work stream (length, pending) after the drain": [] if backlog == (0, 0) else [backlog],
         "processed_at changed after the chaos window": [
             i for i, at in snapshot.items() if final.get(i) != at],
+        "S3 SlowDown window: storage retries or dead letters": [
+            f"{what} {code}" for what in ("retries_logged", "dead_lettered")
+            for code in slowdown.get(what, {}) if code == "storage_unavailable"],
+        "S3 SlowDown window: deliveries per photo over the bound": [] if (
+            slowdown.get("deliveries_logged", 0)
+            <= SLOWDOWN_DELIVERIES_PER_PHOTO * slowdown.get("photos_logged", 0)) else [
+            f"{slowdown.get('deliveries_logged')} deliveries for"
+            f" {slowdown.get('photos_logged')} photos"],
         "photos logged as published more than once": [i for i, n in published.items() if n > 1],
         "rig: malformed entries not all sent": [] if len(chaos.malformed) == len(SHAPES) else
             [len(chaos.malformed)],

@@ -1,15 +1,21 @@
 """The one owner of this worker's in-flight entries: which entries it holds (never one
-twice), which of them the heartbeat keeps young, and how many more it may take
-(DARKROOM_MAX_IN_FLIGHT). Render slots are the renderer's; this counts entries.
+twice), which of them the heartbeat keeps young, what each one claimed (the job whose
+lease the heartbeat renews, and whose attempt number a failure is decided on), and how
+many more it may take (DARKROOM_MAX_IN_FLIGHT). Render slots are the renderer's.
 """
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
 
-class InFlight:
+C = TypeVar("C")
+
+
+class InFlight(Generic[C]):
     def __init__(self, bound: int) -> None:
         self.bound = bound
         self._entries: dict[str, bool] = {}  # entry id → the heartbeat keeps it young
+        self._claims: dict[str, C] = {}  # entry id → what it claimed (only entries held)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -27,6 +33,13 @@ class InFlight:
         self._entries[entry_id] = True
         return True
 
+    def claimed(self, entry_id: str, claim: C) -> None:
+        if entry_id in self._entries:
+            self._claims[entry_id] = claim
+
+    def claim_of(self, entry_id: str) -> C | None:
+        return self._claims.get(entry_id)
+
     def settle(self, entry_id: str) -> None:
         """Its outcome is being recorded: the heartbeat must leave it alone from now on (a
         late heartbeat would cancel a retry's backoff)."""
@@ -35,9 +48,14 @@ class InFlight:
 
     def release(self, entry_id: str) -> None:
         self._entries.pop(entry_id, None)
+        self._claims.pop(entry_id, None)
 
     def heartbeat_ids(self) -> list[str]:
         return sorted(i for i, young in self._entries.items() if young)
+
+    def young_claims(self) -> list[C]:
+        """What the young entries claimed: the jobs whose leases the heartbeat renews."""
+        return [c for i, c in self._claims.items() if self._entries.get(i)]
 
     def ids(self) -> list[str]:
         return sorted(self._entries)

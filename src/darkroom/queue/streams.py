@@ -16,11 +16,13 @@ from typing import Any
 import redis.asyncio as redis
 from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
 from redis.client import NEVER_DECODE
 
 from darkroom import errors
-from darkroom.errors import QueueUnavailableError, Rule
+from darkroom.errors import PERMANENT, TRANSIENT, QueueUnavailableError, Rule
 from darkroom.queue.messages import Entry, received
 from darkroom.settings import RedisTarget, parse_redis_url
 
@@ -29,25 +31,26 @@ def _prefix(*words: str) -> Any:
     return lambda exc: str(exc).startswith(words)
 
 
-Q = QueueUnavailableError
-# What each Redis failure says about Redis, first match wins. Every row is an outage of
-# the queue (the entry keeps its delivery while the gate waits); the reason names it.
+Q, T, P = QueueUnavailableError, TRANSIENT, PERMANENT
+# What each Redis failure says about Redis, first match wins. Every row is a queue error
+# (the gate probes: if the probe fails too, it is an outage and the entry waits); a
+# transient one never counts an attempt, a permanent one does if the probe passes.
 ERRORS: tuple[Rule, ...] = (
-    Rule(rx.ReadOnlyError, Q, "read_only"),  # a demoted primary (failover)
-    Rule(rx.BusyLoadingError, Q, "loading"),  # a restarted node reading its dataset
-    Rule(rx.MasterDownError, Q, "master_down"),  # a replica that lost its primary
-    Rule((rx.ClusterDownError, rx.TryAgainError, rx.SlotNotCoveredError), Q, "cluster_down"),
+    Rule(rx.ReadOnlyError, Q, "read_only", T),  # a demoted primary (failover)
+    Rule(rx.BusyLoadingError, Q, "loading", T),  # a restarted node reading its dataset
+    Rule(rx.MasterDownError, Q, "master_down", T),  # a replica that lost its primary
+    Rule((rx.ClusterDownError, rx.TryAgainError, rx.SlotNotCoveredError), Q, "cluster_down", T),
     # not a rx.RedisError: no seed node of the cluster answered
-    Rule(rx.RedisClusterException, Q, "cluster_unreachable"),
-    Rule(rx.OutOfMemoryError, Q, "out_of_memory"),  # maxmemory reached
-    Rule((rx.AuthenticationError, rx.AuthorizationError), Q, "auth"),
-    Rule(rx.NoPermissionError, Q, "no_permission"),  # ACL revoked
-    Rule(rx.ResponseError, Q, "misconf", _prefix("MISCONF")),  # RDB/AOF write failing
-    Rule(rx.ResponseError, Q, "wrong_type", _prefix("WRONGTYPE")),  # a key of another type
-    Rule(rx.ResponseError, Q, "no_group", _prefix("NOGROUP")),
-    Rule((rx.TimeoutError, TimeoutError), Q, "timeout"),
-    Rule((rx.ConnectionError, OSError), Q, "connection"),
-    Rule(rx.RedisError, Q, "error"),
+    Rule(rx.RedisClusterException, Q, "cluster_unreachable", T),
+    Rule(rx.OutOfMemoryError, Q, "out_of_memory", T),  # maxmemory reached
+    Rule((rx.AuthenticationError, rx.AuthorizationError), Q, "auth", P),
+    Rule(rx.NoPermissionError, Q, "no_permission", P),  # ACL revoked
+    Rule(rx.ResponseError, Q, "misconf", T, _prefix("MISCONF")),  # RDB/AOF write failing
+    Rule(rx.ResponseError, Q, "wrong_type", P, _prefix("WRONGTYPE")),  # a key of another type
+    Rule(rx.ResponseError, Q, "no_group", P, _prefix("NOGROUP")),
+    Rule((rx.TimeoutError, TimeoutError), Q, "timeout", T),
+    Rule((rx.ConnectionError, OSError), Q, "connection", T),
+    Rule(rx.RedisError, Q, "error", P),
 )
 translated = errors.translated(ERRORS)
 
@@ -74,6 +77,23 @@ return redis.call(unpack(args))
 """
 
 
+# Hand an entry this consumer holds back to the live owner of its job (it reclaimed the
+# entry after a Redis outage ate the owner's heartbeat): XCLAIM to that consumer, JUSTID, so
+# no delivery is counted and the owner's heartbeat keeps it again. One script: the entry
+# moves only if this consumer still holds it. KEYS[1] stream; ARGV group, this consumer,
+# the owner, id. Returns 1 if it moved.
+_HAND_BACK = """
+local row = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[4], ARGV[4], 1)
+if type(row) == 'table' and row.err then
+  if string.find(row.err, 'NOGROUP', 1, true) then return 0 end
+  return row
+end
+if not row[1] or row[1][2] ~= ARGV[2] then return 0 end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, ARGV[4], 'JUSTID')
+return 1
+"""
+
+
 def _no_group(exc: rx.ResponseError) -> bool:
     """Redis lost the group (restarted empty): the entry is gone, Postgres will recover it."""
     return str(exc).startswith("NOGROUP")
@@ -96,6 +116,17 @@ CONNECTION_DEFAULTS: dict[str, Any] = {
     "socket_connect_timeout": 5,
     "health_check_interval": 30,
 }
+
+
+# One immediate reconnect (a pooled connection the server closed), no more: whether a Redis
+# error is waited out, retried in place or counted is darkroom's to decide, with its own
+# backoff (see ERRORS). redis-py 8's default (10 retries, backoff up to 10 s) hid an outage
+# for about a minute inside one command, and held a stop request as long. A cluster client
+# keeps its own retries: they follow the slot map.
+def _driver_retry() -> Retry:
+    return Retry(NoBackoff(), 1)
+
+
 # Asking a sentinel where the primary is must fail fast, so the next sentinel is asked.
 SENTINEL_DEFAULTS: dict[str, Any] = {"socket_timeout": 2, "socket_connect_timeout": 2}
 
@@ -109,10 +140,11 @@ def connect(url: str) -> Client:
     options = {**CONNECTION_DEFAULTS, **_credentials(target), **target.options}
     options["decode_responses"] = True
     if target.topology == "sentinel":
-        return _sentinel_primary(target, options)
+        return _sentinel_primary(target, {"retry": _driver_retry(), **options})
     if target.topology == "cluster":
         nodes = [ClusterNode(host, port) for host, port in target.nodes]
         return RedisCluster(startup_nodes=nodes, ssl=target.tls, **options)
+    options["retry"] = _driver_retry()
     if target.unix_path:
         return redis.Redis(unix_socket_path=target.unix_path, db=target.db, **options)
     host, port = target.nodes[0]
@@ -305,6 +337,13 @@ class Streams:
         """Leave the entry pending, looking `idle_ms` old, without counting a delivery;
         False if another consumer owns it now (its backoff is not ours to set)."""
         return bool(await self._refresh_owned([entry_id], str(idle_ms)))
+
+    @translated
+    async def hand_back(self, entry_id: str, owner: str) -> bool:
+        """Give an entry this consumer holds to `owner`, counting no delivery; False if this
+        consumer no longer holds it."""
+        args = [self.group, self.consumer, owner, entry_id]
+        return bool(await self._run(_HAND_BACK, [self.stream], args))
 
     async def _refresh_owned(self, entry_ids: Sequence[str], idle_ms: str) -> set[str]:
         args = [self.group, self.consumer, idle_ms, *entry_ids]

@@ -12,7 +12,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, Literal
@@ -22,35 +22,36 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from darkroom import errors
-from darkroom.errors import DatabaseUnavailableError, InternalError, Rule
+from darkroom.errors import PERMANENT, TRANSIENT, DatabaseUnavailableError, InternalError, Rule
 from darkroom.store import keys
 
 Pool = asyncpg.Pool
 Connection = PoolConnectionProxy
 
-D = DatabaseUnavailableError
+D, T, P = DatabaseUnavailableError, TRANSIENT, PERMANENT
 # What each PostgreSQL failure says about the server, first match wins. All but the last
-# row are outages (intake pauses, the photo keeps its delivery); any other SQL error is a
-# bug in darkroom's SQL: internal_error.
+# row are database errors (the gate probes: if the probe fails too, it is an outage and
+# the photo keeps its delivery); a transient one never counts an attempt. Any other SQL
+# error is a bug in darkroom's SQL: internal_error.
 ERRORS: tuple[Rule, ...] = (
-    Rule(asyncpg.ReadOnlySQLTransactionError, D, "read_only"),  # 25006: failover, replica
-    Rule(asyncpg.InvalidPasswordError, D, "auth"),  # 28P01: rotated credentials
-    Rule(asyncpg.InvalidAuthorizationSpecificationError, D, "auth"),  # 28000
-    Rule(asyncpg.InsufficientPrivilegeError, D, "permission_denied"),  # 42501: revoked grant
-    Rule(asyncpg.CannotConnectNowError, D, "starting_up"),  # 57P03
-    Rule((asyncpg.AdminShutdownError, asyncpg.CrashShutdownError), D, "shutdown"),  # 57P01/2
-    Rule(asyncpg.OperatorInterventionError, D, "terminated"),  # pg_terminate_backend, cancel
-    Rule(asyncpg.TooManyConnectionsError, D, "too_many_connections"),  # 53300
-    Rule(asyncpg.InsufficientResourcesError, D, "resources"),  # 53xxx: disk full, memory
-    Rule(asyncpg.InvalidCatalogNameError, D, "database_missing"),  # 3D000
-    Rule(asyncpg.UndefinedTableError, D, "schema_missing"),  # 42P01: not migrated
-    Rule(asyncpg.TransactionRollbackError, D, "conflict"),  # deadlock, serialization
-    Rule((asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError), D, "connection"),
+    Rule(asyncpg.ReadOnlySQLTransactionError, D, "read_only", T),  # 25006: failover, replica
+    Rule(asyncpg.InvalidPasswordError, D, "auth", P),  # 28P01: rotated credentials
+    Rule(asyncpg.InvalidAuthorizationSpecificationError, D, "auth", P),  # 28000
+    Rule(asyncpg.InsufficientPrivilegeError, D, "permission_denied", P),  # 42501: revoked grant
+    Rule(asyncpg.CannotConnectNowError, D, "starting_up", T),  # 57P03
+    Rule((asyncpg.AdminShutdownError, asyncpg.CrashShutdownError), D, "shutdown", T),  # 57P01/2
+    Rule(asyncpg.OperatorInterventionError, D, "terminated", T),  # pg_terminate_backend, cancel
+    Rule(asyncpg.TooManyConnectionsError, D, "too_many_connections", T),  # 53300
+    Rule(asyncpg.InsufficientResourcesError, D, "resources", T),  # 53xxx: disk full, memory
+    Rule(asyncpg.InvalidCatalogNameError, D, "database_missing", P),  # 3D000
+    Rule(asyncpg.UndefinedTableError, D, "schema_missing", P),  # 42P01: not migrated
+    Rule(asyncpg.TransactionRollbackError, D, "conflict", T),  # 40001 serialization, 40P01 deadlock
+    Rule(TimeoutError, D, "timeout", T),  # before `connection`: a TimeoutError is an OSError
+    Rule((asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError), D, "connection", T),
     # a pooled connection that got the server's FATAL (pg_terminate_backend, failover) but
     # not yet its EOF: "cannot switch to state 12; another operation is in progress"
-    Rule(asyncpg.InternalClientError, D, "connection"),
-    Rule(TimeoutError, D, "timeout"),
-    Rule(asyncpg.PostgresError, InternalError, "sql"),
+    Rule(asyncpg.InternalClientError, D, "connection", T),
+    Rule(asyncpg.PostgresError, InternalError, "sql", P),
 )
 translated = errors.translated(ERRORS)
 
@@ -123,25 +124,38 @@ async def insert_photo(pool: Pool, photo_id: uuid.UUID, original_key: str) -> No
     )
 
 
-Outcome = Literal["claimed", "already", "skipped"]
+Outcome = Literal["claimed", "already", "skipped", "busy", "exhausted"]
+NO_PHOTO = uuid.UUID(int=0)
 
 
 @dataclass(frozen=True)
 class Claim:
     outcome: Outcome
     original_key: str = ""
+    # This run's attempt number: of this claim (claimed), of the refused one (exhausted),
+    # or the job's (busy).
     attempt: int = 0
     state: str = ""
-    # For a photo that already failed: where and how (to finish an unwritten dead letter).
+    # For a photo that already failed: where and how (to finish an unwritten dead letter);
+    # for a busy job: the entry it was claimed through.
     last_entry: str | None = None
     error_code: str | None = None
     last_error: str | None = None
+    photo_id: uuid.UUID = NO_PHOTO
+    counted: bool = False  # this claim counted an attempt (not a claim by its own holder)
+    owner: str | None = None  # busy: the consumer whose live process holds the job
 
 
-# One statement: lock the photo. A terminal photo (processed, or failed and not reset by
-# a retry) is left alone: `already`. Any other gets its job active with attempt + 1 and
-# the photo `processing`. Terminal states never move on a duplicate delivery, except that
-# a processed photo with a re-render requested is claimed while it stays processed.
+# One statement. Lock the photo, then its job (so the job is read as it is now, not as the
+# statement's snapshot saw it before the photo's lock was granted). A terminal photo
+# (processed, or failed and not reset by a retry) is left alone: `already`. A job active
+# under a live lease of another consumer's process (its owner lives; a Redis outage ate its
+# heartbeat) is left alone too: `busy`, nothing counted. A claim by the job's own holder (a
+# lost reply, a reclaim of its own entry) counts nothing; any other claim counts one
+# attempt; past this run's attempts it is `exhausted`, and the job is taken all the same (it
+# is this delivery that records the failure, and only a job's owner may: FAIL_SQL).
+# A job that is done or failed (a re-render, an operator retry) starts a new run. The photo
+# becomes `processing`; a processed photo with a re-render requested stays processed.
 CLAIM_SQL = """
 WITH p AS (
     SELECT id, original_key, processing_state,
@@ -150,42 +164,98 @@ WITH p AS (
            AS finished,
            processing_state = 'processed' AS rerender
     FROM photos WHERE id = $1 FOR UPDATE
+), prior AS (
+    SELECT j.id, j.state, j.attempt, j.run_offset, j.stream_entry, j.consumer, j.error_code,
+           j.last_error,
+           j.state = 'active' AND j.holder = $4 AS own,
+           j.state = 'active' AND j.holder IS DISTINCT FROM $4
+           AND j.consumer IS DISTINCT FROM $3 AND j.lease_until > now() AS held
+    FROM photo_jobs j JOIN p ON j.photo_id = p.id
+    WHERE j.type = 'process'
+    FOR UPDATE OF j
+), next AS (
+    SELECT p.id AS photo_id, prior.id AS job_id, coalesce(prior.own, false) AS own,
+           coalesce(prior.attempt, 0) + CASE WHEN prior.own THEN 0 ELSE 1 END AS attempt,
+           CASE WHEN prior.state IN ('done', 'failed') THEN prior.attempt
+                ELSE coalesce(prior.run_offset, 0) END AS run_offset
+    FROM p LEFT JOIN prior ON true
+    WHERE NOT p.finished AND NOT coalesce(prior.held, false)
 ), job AS (
-    INSERT INTO photo_jobs AS j (photo_id, type, state, attempt, stream_entry, consumer,
-                                 started_at)
-    SELECT id, 'process', 'active', 1, $2, $3, now() FROM p WHERE NOT p.finished
+    INSERT INTO photo_jobs AS j (id, photo_id, type, state, attempt, run_offset, stream_entry,
+                                 consumer, holder, lease_until, started_at)
+    SELECT coalesce(job_id, nextval(pg_get_serial_sequence('photo_jobs', 'id'))), photo_id,
+           'process', 'active', attempt, run_offset, $2, $3, $4,
+           now() + $5 * interval '1 millisecond', now()
+    FROM next
     ON CONFLICT (photo_id, type) DO UPDATE SET
         state = 'active',
-        attempt = j.attempt + 1,
+        attempt = EXCLUDED.attempt,
+        run_offset = EXCLUDED.run_offset,
         stream_entry = EXCLUDED.stream_entry,
         consumer = EXCLUDED.consumer,
+        holder = EXCLUDED.holder,
+        lease_until = EXCLUDED.lease_until,
         started_at = now(),
         next_retry_at = NULL,
         updated_at = now()
-    RETURNING attempt
+    -- only the job locked in `prior`: one inserted meanwhile is another claim's
+    WHERE j.id = EXCLUDED.id
+    RETURNING attempt - run_offset AS run_attempt
 ), photo AS (
     UPDATE photos SET processing_state = 'processing', error_code = NULL, updated_at = now(),
         last_activity_at = now()
-    FROM p WHERE photos.id = p.id AND NOT p.finished AND NOT p.rerender
+    FROM p WHERE photos.id = p.id AND NOT p.rerender AND EXISTS (SELECT 1 FROM job)
 )
-SELECT p.original_key, p.finished, p.processing_state, job.attempt,
-       jj.stream_entry, jj.error_code, jj.last_error
-FROM p LEFT JOIN job ON true
-LEFT JOIN photo_jobs jj ON jj.photo_id = p.id AND jj.type = 'process' AND p.finished
+SELECT p.original_key, p.finished, p.processing_state, job.run_attempt,
+       next.attempt - next.run_offset AS next_attempt, next.own,
+       NOT next.own AND next.attempt - next.run_offset > $6 AS over_cap, prior.held,
+       prior.stream_entry, prior.consumer, prior.error_code, prior.last_error
+FROM p LEFT JOIN job ON true LEFT JOIN prior ON true LEFT JOIN next ON true
 """
 
 
+@dataclass(frozen=True)
+class Lease:
+    """Who claims: the worker process (`holder`, unique per process), how long its lease
+    runs between heartbeats, and this run's attempt cap (DARKROOM_MAX_ATTEMPTS)."""
+
+    holder: str | None
+    ms: int
+    max_attempts: int
+
+    @property
+    def args(self) -> tuple[str | None, int, int]:
+        """CLAIM_SQL's $4, $5, $6."""
+        return self.holder, self.ms, self.max_attempts
+
+
+# A claim from outside any worker process (a tool, a test): every one counts, none is
+# held, no cap.
+NO_LEASE = Lease(None, 0, 2**31 - 1)
+
+
 @translated
-async def claim(pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str) -> Claim:
-    row = await pool.fetchrow(CLAIM_SQL, photo_id, entry_id, consumer)
+async def claim(
+    pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str, lease: Lease = NO_LEASE
+) -> Claim:
+    row = await pool.fetchrow(CLAIM_SQL, photo_id, entry_id, consumer, *lease.args)
     if row is None:
-        return Claim("skipped")
+        return Claim("skipped", photo_id=photo_id)
+    return _claim_of(photo_id, row)
+
+
+def _claim_of(photo_id: uuid.UUID, row: Any) -> Claim:
+    base = Claim("already", row["original_key"], state=row["processing_state"],
+                 last_entry=row["stream_entry"], error_code=row["error_code"],
+                 last_error=row["last_error"], photo_id=photo_id)  # fmt: skip
     if row["finished"]:
-        return Claim(
-            "already", row["original_key"], 0, row["processing_state"],
-            row["stream_entry"], row["error_code"], row["last_error"],
-        )  # fmt: skip
-    return Claim("claimed", row["original_key"], row["attempt"], row["processing_state"])
+        return base
+    if row["over_cap"]:  # the job is taken all the same: only its owner records a failure
+        return replace(base, outcome="exhausted", attempt=row["next_attempt"])
+    if row["run_attempt"] is not None:
+        return replace(base, outcome="claimed", attempt=row["run_attempt"], counted=not row["own"])
+    # a live owner, or (rarely) a claim that committed while this one waited for the photo
+    return replace(base, outcome="busy", owner=row["consumer"] if row["held"] else None)
 
 
 # A first render moves `processing` → `processed` and publishes. A re-render (a processed
@@ -217,7 +287,7 @@ WITH old AS (
     RETURNING photos.id, old.renditions AS replaced
 ), job AS (
     UPDATE photo_jobs SET state = 'done', error_code = NULL, last_error = NULL,
-        next_retry_at = NULL, finished_at = now(), updated_at = now()
+        next_retry_at = NULL, transient_since = NULL, finished_at = now(), updated_at = now()
     WHERE photo_id IN (SELECT id FROM photo) AND type = 'process'
 )
 SELECT count(*) AS published, min(replaced::text) AS replaced FROM photo
@@ -281,13 +351,16 @@ async def drop_rerender(pool: Pool, photo_id: uuid.UUID) -> None:
     )
 
 
-# Only the entry that owns the job records its retry: a stale delivery (whose photo was
-# re-enqueued through another entry since) changes nothing.
+# Only the entry that owns the job, in the process holding it, records its retry: a stale
+# delivery (whose photo was re-enqueued through another entry since, or whose job another
+# process took over) changes nothing. The attempt its claim counted stands.
 RETRY_SQL = """
 WITH job AS (
 UPDATE photo_jobs SET state = 'pending', error_code = $2, last_error = $3,
-    next_retry_at = now() + $4 * interval '1 millisecond', updated_at = now()
+    next_retry_at = now() + $4 * interval '1 millisecond', transient_since = NULL,
+    updated_at = now()
 WHERE photo_id = $1 AND type = 'process' AND state = 'active' AND stream_entry = $5
+  AND holder IS NOT DISTINCT FROM $6
 RETURNING photo_id
 )
 -- The photo's last activity moves with its job (the sweeper's keyset column). Every other
@@ -303,10 +376,19 @@ SELECT count(*) FROM job
 
 @translated
 async def record_retry(
-    pool: Pool, photo_id: uuid.UUID, entry_id: str, code: str, message: str, delay_ms: int
+    pool: Pool,
+    photo_id: uuid.UUID,
+    entry_id: str,
+    code: str,
+    message: str,
+    delay_ms: int,
+    lease: Lease = NO_LEASE,
 ) -> bool:
-    """False when `entry_id` no longer owns the photo's job (nothing is changed then)."""
-    changed = await pool.fetchval(RETRY_SQL, photo_id, code, message[:2000], delay_ms, entry_id)
+    """False when `entry_id` (in this process) no longer owns the photo's job (nothing is
+    changed then)."""
+    changed = await pool.fetchval(
+        RETRY_SQL, photo_id, code, message[:2000], delay_ms, entry_id, lease.holder
+    )
     return bool(changed)
 
 
@@ -329,7 +411,7 @@ WITH p AS (
     FOR UPDATE OF jobs
 ), job AS (
     UPDATE photo_jobs SET state = 'failed', error_code = $2, last_error = $3,
-        next_retry_at = NULL, finished_at = now(), updated_at = now()
+        next_retry_at = NULL, transient_since = NULL, finished_at = now(), updated_at = now()
     FROM p, j WHERE photo_jobs.photo_id = p.id AND photo_jobs.type = 'process'
       AND p.open AND j.owned
     RETURNING photo_jobs.photo_id
@@ -368,7 +450,7 @@ async def record_failure(
 # Only by the delivery that owns the job, as FAIL_SQL.
 RERENDER_FAILED_SQL = """
 UPDATE photo_jobs j SET state = 'failed', error_code = $2, last_error = $3,
-    next_retry_at = NULL, finished_at = now(), updated_at = now()
+    next_retry_at = NULL, transient_since = NULL, finished_at = now(), updated_at = now()
 FROM photos p
 WHERE j.photo_id = $1 AND j.type = 'process' AND j.stream_entry = $4 AND j.state = 'active'
   AND j.consumer = $5
@@ -385,6 +467,56 @@ async def record_rerender_failure(
         RERENDER_FAILED_SQL, photo_id, code, message[:2000], entry_id, consumer
     )
     return row is not None
+
+
+# The heartbeat of this process's claims: their leases move on, so a worker that reclaims
+# one of their entries (a Redis outage ate the stream's heartbeat) finds the owner alive.
+RENEW_SQL = """
+UPDATE photo_jobs SET lease_until = now() + $3 * interval '1 millisecond'
+WHERE photo_id = ANY($2::uuid[]) AND type = 'process' AND state = 'active' AND holder = $1
+"""
+
+
+@translated
+async def renew_leases(pool: Pool, lease: Lease, photo_ids: list[uuid.UUID]) -> None:
+    if photo_ids:
+        await pool.execute(RENEW_SQL, lease.holder, photo_ids, lease.ms)
+
+
+# The photo's streak of transient errors, on the job this process holds: started now unless
+# one runs already (`$3`: an outage ended the last one); its age in seconds, by the
+# database's clock. Kept across restarts and reclaims; publish, failure and retry clear it.
+STREAK_SQL = """
+UPDATE photo_jobs SET transient_since = CASE WHEN $3 OR transient_since IS NULL THEN now()
+                                             ELSE transient_since END
+WHERE photo_id = $1 AND type = 'process' AND state = 'active' AND holder = $2
+RETURNING extract(epoch FROM now() - transient_since)::float8
+"""
+
+
+@translated
+async def transient_streak_s(
+    pool: Pool, photo_id: uuid.UUID, lease: Lease, restart: bool
+) -> float | None:
+    """None when this process no longer holds the job."""
+    age_s: float | None = await pool.fetchval(STREAK_SQL, photo_id, lease.holder, restart)
+    return age_s
+
+
+# A stop cut this process's claim short (a wait in place, the grace period): not an
+# attempt. Undone in the statement that gives the job back, so the next claim counts once.
+RELEASE_SQL = """
+UPDATE photo_jobs SET state = 'pending', attempt = greatest(run_offset, attempt - 1),
+    lease_until = NULL, updated_at = now()
+WHERE photo_id = $1 AND type = 'process' AND state = 'active' AND holder = $2
+RETURNING attempt
+"""
+
+
+@translated
+async def release(pool: Pool, photo_id: uuid.UUID, lease: Lease) -> bool:
+    """False when this process no longer holds the job (nothing is changed then)."""
+    return await pool.fetchval(RELEASE_SQL, photo_id, lease.holder) is not None
 
 
 @translated
@@ -561,7 +693,7 @@ WITH photo AS (
     RETURNING id
 )
 UPDATE photo_jobs SET state = 'pending', finished_at = NULL, next_retry_at = NULL,
-    updated_at = now()
+    run_offset = attempt, transient_since = NULL, updated_at = now()
 WHERE photo_id IN (SELECT id FROM photo) AND type = 'process'
 RETURNING photo_id
 """
@@ -569,7 +701,8 @@ RETURNING photo_id
 
 @translated
 async def reset_failed(pool: Pool, photo_id: uuid.UUID) -> bool:
-    """Operator retry: a failed photo becomes `uploaded` again (its attempt count goes on)."""
+    """Operator retry: a failed photo becomes `uploaded` again; its attempt count goes on,
+    and a new run starts (DARKROOM_MAX_ATTEMPTS more attempts)."""
     return await pool.fetchval(RESET_SQL, photo_id) is not None
 
 

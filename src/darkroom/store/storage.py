@@ -10,6 +10,7 @@ and `delete` removes one object (absent is fine): what `darkroom gc` needs.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -22,6 +23,8 @@ import anyio
 
 from darkroom import errors
 from darkroom.errors import (
+    PERMANENT,
+    TRANSIENT,
     ObjectForbiddenError,
     OriginalMissingError,
     OriginalTooLargeError,
@@ -99,7 +102,7 @@ class FileStorage:
         except FileNotFoundError as exc:
             raise OriginalMissingError(f"no object at {key}") from exc
         except OSError as exc:
-            raise StorageUnavailableError(f"reading {key}: {exc}") from exc
+            raise _file_error(f"reading {key}", exc) from exc
 
     async def put(
         self, key: str, data: bytes, content_type: str, cache_control: str | None = None
@@ -109,7 +112,7 @@ class FileStorage:
         try:
             await anyio.to_thread.run_sync(_write_file, self._path(key), data)
         except OSError as exc:
-            raise StorageUnavailableError(f"writing {key}: {exc}") from exc
+            raise _file_error(f"writing {key}", exc) from exc
 
     async def delete(self, key: str) -> None:
         try:
@@ -139,6 +142,29 @@ class FileStorage:
 
     async def aclose(self) -> None:
         return None
+
+
+def _errno(*names: str) -> Any:
+    codes = {getattr(errno, name) for name in names if hasattr(errno, name)}
+    return lambda exc: getattr(exc, "errno", None) in codes
+
+
+# What each OSError of the local folder says about it, first match wins (a network mount
+# can be busy or time out; a full disk can be freed).
+FILE_ERRORS: tuple[Rule, ...] = (
+    Rule(OSError, StorageUnavailableError, "busy", TRANSIENT,
+         _errno("EAGAIN", "EBUSY", "EINTR", "ETIMEDOUT", "ESTALE")),
+    Rule(OSError, StorageUnavailableError, "resources", TRANSIENT,
+         _errno("ENOSPC", "EDQUOT", "EMFILE", "ENFILE", "ENOMEM")),
+    Rule(OSError, StorageUnavailableError, "io", PERMANENT),
+)  # fmt: skip
+
+
+def _file_error(what: str, exc: OSError) -> StorageUnavailableError:
+    mapped = errors.classify(FILE_ERRORS, exc)
+    assert mapped is not None  # the last row takes every OSError
+    return StorageUnavailableError(f"{what}: {mapped}", reason=mapped.reason,
+                                   transient=mapped.transient)  # fmt: skip
 
 
 def _read_file(path: Path, key: str, max_bytes: int) -> bytes:
@@ -235,7 +261,7 @@ DENIED = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Expire
           "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled", "AccountProblem",
           "Forbidden", "403")  # fmt: skip
 THROTTLED = ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
-             "TooManyRequests", "RequestTimeout", "RequestTimeTooSkewed", "503")  # fmt: skip
+             "TooManyRequests", "RequestTimeout", "503")  # fmt: skip
 
 
 def _s3_rules() -> tuple[Rule, ...]:
@@ -243,19 +269,21 @@ def _s3_rules() -> tuple[Rule, ...]:
     an outage only if the bucket probe is denied too (see S3Storage._denied)."""
     from botocore import exceptions as bx
 
-    S = StorageUnavailableError
+    S, T, P = StorageUnavailableError, TRANSIENT, PERMANENT
     credentials = (bx.NoCredentialsError, bx.PartialCredentialsError, bx.CredentialRetrievalError)
     timeouts = (bx.ConnectTimeoutError, bx.ReadTimeoutError, TimeoutError)
     connection = (bx.EndpointConnectionError, bx.ConnectionClosedError, bx.HTTPClientError, OSError)
     return (
-        Rule(bx.ClientError, S, "access_denied", _codes(*DENIED)),
-        Rule(bx.ClientError, S, "throttled", _codes(*THROTTLED)),
-        Rule(bx.ClientError, S, "no_such_bucket", _codes("NoSuchBucket")),
-        Rule(bx.ClientError, S, "server_error", lambda exc: _status(exc) >= 500),
-        Rule(credentials, S, "credentials"),
-        Rule(timeouts, S, "timeout"),
-        Rule(connection, S, "connection"),
-        Rule(Exception, S, "error"),  # any other answer: the boundary translates all
+        Rule(bx.ClientError, S, "access_denied", P, _codes(*DENIED)),
+        # the worker's clock is off: no retry helps until it is set right
+        Rule(bx.ClientError, S, "clock_skew", P, _codes("RequestTimeTooSkewed")),
+        Rule(bx.ClientError, S, "throttled", T, _codes(*THROTTLED)),
+        Rule(bx.ClientError, S, "no_such_bucket", P, _codes("NoSuchBucket")),
+        Rule(bx.ClientError, S, "server_error", T, lambda exc: _status(exc) >= 500),
+        Rule(credentials, S, "credentials", P),
+        Rule(timeouts, S, "timeout", T),
+        Rule(connection, S, "connection", T),
+        Rule(Exception, S, "error", P),  # any other answer: the boundary translates all
     )
 
 

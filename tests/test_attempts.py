@@ -1,0 +1,180 @@
+"""What counts as an attempt, in PostgreSQL (issue 12), against the real server: a claim
+counts once per worker process, never while another consumer's live process holds the job,
+and never past the run's cap; a stop gives the attempt back; the transient streak outlives
+claims and ends with an outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from darkroom.store import db
+
+MAX = 2
+
+
+def lease(holder: str, ms: int = 60_000) -> db.Lease:
+    return db.Lease(holder, ms, MAX)
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[db.Pool]:
+    pool = await db.connect(database_url, 2)
+    yield pool
+    await pool.close()
+
+
+async def new_photo(pool: db.Pool) -> uuid.UUID:
+    photo_id = uuid.uuid4()
+    await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
+    return photo_id
+
+
+async def job(pool: db.Pool, photo_id: uuid.UUID) -> dict[str, Any]:
+    row = await pool.fetchrow("SELECT * FROM photo_jobs WHERE photo_id = $1", photo_id)
+    assert row is not None
+    return dict(row)
+
+
+async def expire(pool: db.Pool, photo_id: uuid.UUID) -> None:
+    """The holder died: its lease ran out (what its stopped heartbeat leads to)."""
+    await pool.execute(
+        "UPDATE photo_jobs SET lease_until = now() - interval '1 s' WHERE photo_id = $1",
+        photo_id,
+    )
+
+
+async def test_a_claim_by_the_same_process_counts_once(pool: db.Pool) -> None:
+    """A lost reply or a reclaim of one's own entry claims again without counting."""
+    photo_id = await new_photo(pool)
+    first = await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    again = await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    assert (first.outcome, first.attempt, first.counted) == ("claimed", 1, True)
+    assert (again.outcome, again.attempt, again.counted) == ("claimed", 1, False)
+    assert (await job(pool, photo_id))["attempt"] == 1
+
+
+async def test_a_live_owner_is_neither_counted_nor_stolen_from(pool: db.Pool) -> None:
+    """Another consumer reclaiming the entry while the owner's lease runs: `busy`, naming the
+    owner; nothing changes. Once the lease has run out (the owner died) the claim counts."""
+    photo_id = await new_photo(pool)
+    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    busy = await db.claim(pool, photo_id, "1-0", "w2", lease("B"))
+    assert (busy.outcome, busy.owner, busy.last_entry, busy.attempt) == ("busy", "w1", "1-0", 0)
+    row = await job(pool, photo_id)
+    assert (row["attempt"], row["holder"], row["consumer"]) == (1, "A", "w1")
+    await expire(pool, photo_id)
+    taken = await db.claim(pool, photo_id, "1-0", "w2", lease("B"))
+    assert (taken.outcome, taken.attempt, taken.counted) == ("claimed", 2, True)
+    assert (await job(pool, photo_id))["holder"] == "B"
+
+
+async def test_a_restart_under_the_same_consumer_name_counts_the_death(pool: db.Pool) -> None:
+    """A stable consumer name restarted (a new process): the old process is dead whatever its
+    lease says, so its claim counted an attempt and the new one proceeds."""
+    photo_id = await new_photo(pool)
+    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    restarted = await db.claim(pool, photo_id, "1-0", "w1", lease("A2"))
+    assert (restarted.outcome, restarted.attempt, restarted.counted) == ("claimed", 2, True)
+
+
+async def test_the_cap_is_checked_before_work_from_postgres(pool: db.Pool) -> None:
+    """After MAX counted attempts the next claim is refused (`exhausted`, numbered MAX + 1)
+    and changes nothing; an operator retry starts a new run with MAX more."""
+    photo_id = await new_photo(pool)
+    for n, holder in enumerate(("A", "B"), 1):
+        assert (await db.claim(pool, photo_id, "1-0", f"w{n}", lease(holder))).attempt == n
+        await expire(pool, photo_id)
+    refused = await db.claim(pool, photo_id, "1-0", "w3", lease("C"))
+    assert (refused.outcome, refused.attempt) == ("exhausted", MAX + 1)
+    assert (await job(pool, photo_id))["attempt"] == MAX
+    assert await db.record_failure(pool, photo_id, "1-0", "attempts_exhausted", "x")
+    assert await db.reset_failed(pool, photo_id)
+    fresh = await db.claim(pool, photo_id, "2-0", "w3", lease("C"))
+    assert (fresh.outcome, fresh.attempt) == ("claimed", 1)
+    assert (await job(pool, photo_id))["attempt"] == MAX + 1, "the history goes on"
+
+
+async def test_a_stop_gives_the_attempt_back(pool: db.Pool) -> None:
+    """Released by its holder (a stop cut the work short), the job is pending again with the
+    attempt undone, so the next claim is attempt 1 again; another process cannot release it."""
+    photo_id = await new_photo(pool)
+    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    assert not await db.release(pool, photo_id, lease("B"))
+    assert await db.release(pool, photo_id, lease("A"))
+    row = await job(pool, photo_id)
+    assert (row["state"], row["attempt"]) == ("pending", 0)
+    again = await db.claim(pool, photo_id, "1-0", "w2", lease("B"))
+    assert (again.outcome, again.attempt, again.counted) == ("claimed", 1, True)
+
+
+async def test_the_transient_streak_outlives_claims_and_ends_with_an_outcome(
+    pool: db.Pool,
+) -> None:
+    """The streak starts once and keeps its start across a reclaim by another process; an
+    outage restarts it; a counted failure (a retry, recorded only by the job's holder)
+    ends it."""
+    photo_id = await new_photo(pool)
+    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    assert await db.transient_streak_s(pool, photo_id, lease("B"), restart=False) is None
+    assert await db.transient_streak_s(pool, photo_id, lease("A"), restart=False) == 0
+    await pool.execute("UPDATE photo_jobs SET transient_since = transient_since - interval '100 s'")
+    await expire(pool, photo_id)
+    await db.claim(pool, photo_id, "1-0", "w2", lease("B"))
+    age_s = await db.transient_streak_s(pool, photo_id, lease("B"), restart=False)
+    assert age_s is not None and 100 <= age_s < 110
+    assert await db.transient_streak_s(pool, photo_id, lease("B"), restart=True) == 0
+    assert not await db.record_retry(pool, photo_id, "1-0", "timeout", "x", 1000, lease("A"))
+    assert await db.record_retry(pool, photo_id, "1-0", "timeout", "slow", 1000, lease("B"))
+    assert (await job(pool, photo_id))["transient_since"] is None
+
+
+async def test_the_heartbeat_renews_only_its_own_leases(pool: db.Pool) -> None:
+    """renew_leases moves this process's leases on; another process's stay as they were."""
+    mine, theirs = await new_photo(pool), await new_photo(pool)
+    await db.claim(pool, mine, "1-0", "w1", lease("A", ms=1))
+    await db.claim(pool, theirs, "2-0", "w2", lease("B", ms=1))
+    await db.renew_leases(pool, lease("A"), [mine, theirs])
+    alive = "SELECT photo_id FROM photo_jobs WHERE lease_until > now() + interval '50 s'"
+    assert [r["photo_id"] for r in await pool.fetch(alive)] == [mine]
+
+
+TAKE_OVER = {
+    # the job did not exist when the waiting claim's statement began
+    "created": "INSERT INTO photo_jobs (photo_id, state, attempt, stream_entry, consumer, holder,"
+    " lease_until) VALUES ($1, 'active', 1, '1-0', 'w1', 'A', now() + interval '1 min')",
+    # it existed (pending) and was claimed meanwhile
+    "claimed": "UPDATE photo_jobs SET state = 'active', attempt = 1, stream_entry = '1-0',"
+    " consumer = 'w1', holder = 'A', lease_until = now() + interval '1 min' WHERE photo_id = $1",
+}
+
+
+@pytest.mark.parametrize("how", TAKE_OVER)
+async def test_a_claim_that_waited_for_the_photo_sees_the_job_as_it_is_now(
+    pool: db.Pool, database_url: str, how: str
+) -> None:
+    """A claim blocked on the photo while another process claimed the job: it sees that
+    claim (it neither overwrites it nor counts) and steps aside, naming the owner when it
+    can read it."""
+    photo_id = await new_photo(pool)
+    if how == "claimed":
+        await db.record_requeued(pool, photo_id, "0-1")  # a pending job
+    other = await asyncpg.connect(database_url)
+    try:
+        async with other.transaction():
+            await other.execute("SELECT 1 FROM photos WHERE id = $1 FOR UPDATE", photo_id)
+            waiting = asyncio.create_task(db.claim(pool, photo_id, "2-0", "w2", lease("B")))
+            await asyncio.sleep(0.2)  # the claim's statement began before this commit
+            assert not waiting.done()
+            await other.execute(TAKE_OVER[how], photo_id)
+        late = await waiting
+    finally:
+        await other.close()
+    assert (late.outcome, late.owner) == ("busy", "w1" if how == "claimed" else None)
+    row = await job(pool, photo_id)
+    assert (row["attempt"], row["holder"], row["stream_entry"]) == (1, "A", "1-0")
