@@ -85,19 +85,23 @@ async def test_a_restart_under_the_same_consumer_name_counts_the_death(pool: db.
 
 async def test_the_cap_is_checked_before_work_from_postgres(pool: db.Pool) -> None:
     """After MAX counted attempts the next claim is refused (`exhausted`, numbered MAX + 1)
-    and changes nothing; an operator retry starts a new run with MAX more."""
+    but takes the job, so that it (the owner) records the failure; an operator retry starts
+    a new run with MAX more."""
     photo_id = await new_photo(pool)
     for n, holder in enumerate(("A", "B"), 1):
         assert (await db.claim(pool, photo_id, "1-0", f"w{n}", lease(holder))).attempt == n
         await expire(pool, photo_id)
     refused = await db.claim(pool, photo_id, "1-0", "w3", lease("C"))
     assert (refused.outcome, refused.attempt) == ("exhausted", MAX + 1)
-    assert (await job(pool, photo_id))["attempt"] == MAX
-    assert await db.record_failure(pool, photo_id, "1-0", "attempts_exhausted", "x")
+    taken = await job(pool, photo_id)
+    assert (taken["attempt"], taken["consumer"], taken["state"]) == (MAX + 1, "w3", "active")
+    assert await db.record_failure(pool, photo_id, "1-0", "w3", "attempts_exhausted", "x") == (
+        "failed"
+    )
     assert await db.reset_failed(pool, photo_id)
     fresh = await db.claim(pool, photo_id, "2-0", "w3", lease("C"))
     assert (fresh.outcome, fresh.attempt) == ("claimed", 1)
-    assert (await job(pool, photo_id))["attempt"] == MAX + 1, "the history goes on"
+    assert (await job(pool, photo_id))["attempt"] == MAX + 2, "the history goes on"
 
 
 async def test_a_stop_gives_the_attempt_back(pool: db.Pool) -> None:

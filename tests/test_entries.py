@@ -148,8 +148,9 @@ def test_a_restarted_worker_with_a_fixed_name_dead_letters_its_poison_entry_then
 async def test_an_entry_past_the_cap_is_given_up_whatever_it_holds(
     file_env: Env, raw: redis.Redis
 ) -> None:
-    """Delivered more than DARKROOM_MAX_ATTEMPTS times, a malformed entry is dead-lettered
-    attempts_exhausted (the cap comes before parsing), its problem named in the message."""
+    """Delivered past the stream's backstop (4 × DARKROOM_MAX_ATTEMPTS + 10), a malformed
+    entry is dead-lettered attempts_exhausted (the backstop comes before parsing), its
+    problem named in the message."""
     client = redis.asyncio.Redis.from_url(REDIS_URL)
     streams = Streams(client, file_env.stream, "darkroom", "w", file_env.dead)
     pool = await db.connect(file_env.database_url, 2)
@@ -160,13 +161,13 @@ async def test_an_entry_past_the_cap_is_given_up_whatever_it_holds(
         settings = Settings(max_attempts=3, stream=streams.stream,
                             dead_letter_stream=streams.dead_stream)  # fmt: skip
         worker = Worker(settings, pool, streams, FileStorage(file_env.tmp / "storage"))
-        await worker.jobs.handle(entry, settings.max_attempts + 1)
+        await worker.jobs.handle(entry, 4 * settings.max_attempts + 11)
     finally:
         await client.aclose()
         await pool.close()
     [[letter]] = letters_by_source(raw, file_env).values()
-    assert (letter["error_code"], letter["attempts"]) == ("attempts_exhausted", "4")
-    assert "delivered 4 times" in letter["error"] and "not UTF-8" in letter["error"]
+    assert (letter["error_code"], letter["attempts"]) == ("attempts_exhausted", "23")
+    assert "delivered 23 times" in letter["error"] and "not UTF-8" in letter["error"]
     assert letter["note"] == "\\xff" and raw.xlen(file_env.stream) == 0
 
 

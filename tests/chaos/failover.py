@@ -23,7 +23,7 @@ TRANSIENT_WAIT = "transient error; waiting in place"
 
 
 def renditions_put(method: str, path: str) -> bool:
-    return method == "PUT" and "/renditions/" in path
+    return method == "PUT" and "/renditions/" in path and ".darkroom-probe" not in path
 
 
 def open_window(rig: Rig, kind: str) -> dict[str, Any]:
