@@ -106,3 +106,7 @@ CREATE INDEX IF NOT EXISTS photos_updated_idx ON photos (updated_at, id);
 CREATE INDEX IF NOT EXISTS photos_state_updated_idx ON photos (processing_state, updated_at, id);
 CREATE INDEX IF NOT EXISTS photos_processed_at_idx ON photos (processed_at)
     WHERE processed_at IS NOT NULL;
+-- the operator's page filtered by error code (issue 12): failed photos of one code, newest
+-- first, a keyset page reading only its own index entries (db.page_photos_sql)
+CREATE INDEX IF NOT EXISTS photos_code_idx ON photos (error_code, updated_at, id)
+    WHERE processing_state = 'processing_failed';

@@ -98,6 +98,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     web_token: str | None = None
     renders_per_process: int = 500
     render_max_rss_mb: int = 256
+    # The operator's page: large downloads streamed at once, and the age of its counts.
+    web_downloads: int = 4
+    web_snapshot_s: float = 2.0
 
     @property
     def in_flight_bound(self) -> int:
@@ -112,6 +115,16 @@ def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
         value = kind(raw)
         if not math.isfinite(value) or value <= 0:  # type: ignore[arg-type,operator]
             raise ValueError("must be a finite number greater than 0")
+        return value
+
+    return convert
+
+
+def _at_least(floor: float) -> Callable[[str], float]:
+    def convert(raw: str) -> float:
+        value = float(raw)
+        if not math.isfinite(value) or value < floor:
+            raise ValueError(f"must be a finite number of at least {floor:g}")
         return value
 
     return convert
@@ -210,6 +223,9 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "web_token": _token,
     "renders_per_process": _positive(int),
     "render_max_rss_mb": _positive(int),
+    "web_downloads": _positive(int),
+    # a floor, so that no setting turns the shared snapshot into a count per request
+    "web_snapshot_s": _at_least(0.5),
 }
 
 
