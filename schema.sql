@@ -107,6 +107,7 @@ CREATE INDEX IF NOT EXISTS photos_state_updated_idx ON photos (processing_state,
 CREATE INDEX IF NOT EXISTS photos_processed_at_idx ON photos (processed_at)
     WHERE processed_at IS NOT NULL;
 -- the operator's page filtered by error code (issue 12): failed photos of one code, newest
--- first, a keyset page reading only its own index entries (db.page_photos_sql)
+-- first, a keyset page reading only its own index entries (db.page_photos_sql). Only failed
+-- photos have a code: every statement that moves a photo out of processing_failed clears it.
 CREATE INDEX IF NOT EXISTS photos_code_idx ON photos (error_code, updated_at, id)
-    WHERE processing_state = 'processing_failed';
+    WHERE error_code IS NOT NULL;

@@ -569,10 +569,12 @@ async def photo_detail(pool: Pool, photo_id: uuid.UUID) -> dict[str, Any] | None
 
 
 # Newest first, one keyset page strictly before ($2, $3) on (updated_at, id), LIMIT $1.
-# One statement per filter shape, the state a literal, so that each shape is planned
-# (generic plans included) on the index that serves it: photos_updated_idx,
-# photos_state_updated_idx, or photos_code_idx (failed photos only, which are the only
-# ones with a code). A page reads about LIMIT index entries whatever the table holds.
+# One statement per filter shape, the state a literal: photos_updated_idx serves no filter
+# (or a common state), photos_state_updated_idx a rare state, photos_code_idx a code. A
+# page reads about LIMIT index entries. Only failed photos have a code (every statement
+# that moves a photo out of processing_failed clears it), so a code filter needs no state
+# condition, which would also make the planner count failed photos twice (code × state)
+# and prefer reading every photo of the code and sorting them.
 PAGE_PHOTOS_SQL = """
 SELECT p.id, p.processing_state, p.format, p.width, p.height, p.bytes, p.error_code,
        p.renditions::text AS renditions, coalesce(j.attempt, 0) AS attempt, p.updated_at
@@ -593,9 +595,9 @@ def page_photos_sql(state: str | None, code: bool) -> str:
         raise ValueError("an error code filters failed photos: state must be processing_failed")
     if state is not None and state not in STATES:
         raise ValueError(f"state must be one of {', '.join(STATES)}")
-    state = "processing_failed" if code else state
-    filters = f" AND p.processing_state = '{state}'" if state else ""
-    return PAGE_PHOTOS_SQL.format(filters=filters + (" AND p.error_code = $4" if code else ""))
+    if code:
+        return PAGE_PHOTOS_SQL.format(filters=" AND p.error_code = $4")
+    return PAGE_PHOTOS_SQL.format(filters=f" AND p.processing_state = '{state}'" if state else "")
 
 
 @translated
@@ -607,7 +609,12 @@ async def page_photos(
     before: Cursor | None = None,
 ) -> list[dict[str, Any]]:
     sql = page_photos_sql(state, code is not None)
-    rows = await pool.fetch(sql, limit, *(before or NEWEST), *([code] if code else []))
+    async with pool.acquire() as conn:
+        # A plan for these very values: a generic plan (which the plan cache may settle on
+        # after five runs) cannot see the cursor, and may filter photos_updated_idx for a
+        # rare state, reading every photo. Undone by the pool's RESET ALL on release.
+        await conn.execute("SET plan_cache_mode = force_custom_plan")
+        rows = await conn.fetch(sql, limit, *(before or NEWEST), *([code] if code else []))
     return [dict(row) for row in rows]
 
 
