@@ -162,7 +162,7 @@ def start_web(env: dict[str, str], cwd: str) -> subprocess.Popen[bytes]:
 async def view(base: str, path: str, viewers: int, seconds: float) -> dict[str, Any]:
     """`viewers` clients requesting `path` back to back for `seconds`."""
     latencies: list[float] = []
-    errors: list[int] = []
+    errors: list[int | str] = []
     deadline = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=viewers, max_keepalive_connections=viewers)
     async with httpx.AsyncClient(base_url=base, limits=limits, timeout=60) as client:
@@ -170,11 +170,14 @@ async def view(base: str, path: str, viewers: int, seconds: float) -> dict[str, 
         async def viewer() -> None:
             while time.monotonic() < deadline:
                 started = time.perf_counter()
-                response = await client.get(path)
-                if response.status_code == 200:
+                try:
+                    status = (await client.get(path)).status_code
+                except httpx.TransportError as exc:  # counted, and the viewer goes on
+                    status = type(exc).__name__
+                if status == 200:
                     latencies.append(time.perf_counter() - started)
                 else:
-                    errors.append(response.status_code)
+                    errors.append(status)
 
         await asyncio.gather(*(viewer() for _ in range(viewers)))
     return {"latencies": latencies, "errors": errors}
@@ -257,12 +260,17 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def error_text(errors: list[int | str]) -> str:
+    kinds = {kind: errors.count(kind) for kind in sorted(set(errors), key=str)}
+    return ", ".join(f"{n} × {kind}" for kind, n in kinds.items()) or "0"
+
+
 def row(label: str, r: dict[str, Any]) -> str:
     lat, n = r["latencies"], len(r["latencies"])
     per_request_ms = 1000 * r["pg_cpu_s"] / n if n else float("nan")
     return (
         f"| {label} | {n:,} ({n / r['elapsed_s']:.0f}/s) | {1000 * pct(lat, 0.5):.0f} |"
-        f" {1000 * pct(lat, 0.95):.0f} | {len(r['errors'])} | {r['pg_cpu_s']:.2f} s"
+        f" {1000 * pct(lat, 0.95):.0f} | {error_text(r['errors'])} | {r['pg_cpu_s']:.2f} s"
         f" ({per_request_ms:.2f} ms/request) | {r['web_cpu_s']:.1f} s | {r['load']:.1f} |"
     )
 
