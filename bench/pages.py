@@ -277,11 +277,12 @@ def row(label: str, r: dict[str, Any]) -> str:
 
 def report(args: argparse.Namespace, setup: dict[str, Any], runs: dict[str, Any],
            old: dict[str, float], snapshots: str, explained: str) -> str:  # fmt: skip
+    """`setup["machine"]` was read before the fill, so its load average is the start's."""
     overview = runs["overview"]
     lines = [
         "## Page costs (bench/pages.py)",
         "",
-        f"- {machine()}",
+        f"- {setup['machine']}",
         f"- {args.photos:,} photos (85 % processed over two days, 10 % failed, 0.1 % of"
         f" those with `{CODE}`, each with its job row; INSERT ... SELECT generate_series,"
         f" {setup['fill_s']:.1f} s) and {args.letters:,} dead letters (0.5 % `{CODE}`;"
@@ -337,7 +338,7 @@ async def main(args: argparse.Namespace) -> str:
     await admin.execute(f'ALTER DATABASE "{name}" SET max_parallel_workers_per_gather = 0')
     web = None
     try:
-        setup = {"fill_s": await fill(url, args.photos),
+        setup = {"machine": machine(), "fill_s": await fill(url, args.photos),
                  "letters_s": await add_letters(client, dead, args.letters)}  # fmt: skip
         print(setup, file=sys.stderr)
         with tempfile.TemporaryDirectory() as tmp:
