@@ -123,3 +123,9 @@ ALTER TABLE photo_jobs
     ADD COLUMN IF NOT EXISTS holder          text,
     ADD COLUMN IF NOT EXISTS lease_until     timestamptz,
     ADD COLUMN IF NOT EXISTS transient_since timestamptz;
+
+-- the operator's page filtered by error code (issue 12): failed photos of one code, newest
+-- first, a keyset page reading only its own index entries (db.page_photos_sql). Only failed
+-- photos have a code: every statement that moves a photo out of processing_failed clears it.
+CREATE INDEX IF NOT EXISTS photos_code_idx ON photos (error_code, updated_at, id)
+    WHERE error_code IS NOT NULL;

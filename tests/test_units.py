@@ -477,3 +477,15 @@ def test_the_storage_probe_key_stays_inside_the_storage() -> None:
         with pytest.raises(SettingsError) as caught:
             from_env({"DARKROOM_STORAGE_PROBE_KEY": bad})
         assert caught.value.variable == "DARKROOM_STORAGE_PROBE_KEY"
+
+
+def test_web_page_limits_have_defaults_and_lower_bounds() -> None:
+    """DARKROOM_WEB_DOWNLOADS defaults to 4 and DARKROOM_WEB_SNAPSHOT_S to 2 s; no
+    download slot at all, or a snapshot younger than 0.5 s, is refused."""
+    s = from_env({})
+    assert (s.web_downloads, s.web_snapshot_s) == (4, 2.0)
+    for name, value in [("DARKROOM_WEB_DOWNLOADS", "0"), ("DARKROOM_WEB_SNAPSHOT_S", "0.1"),
+                        ("DARKROOM_WEB_SNAPSHOT_S", "inf")]:  # fmt: skip
+        with pytest.raises(SettingsError) as caught:
+            from_env({name: value})
+        assert caught.value.variable == name

@@ -118,6 +118,14 @@ class ObjectForbiddenError(TransientError):
     stage = "transfer"
 
 
+class DownloadsBusyError(TransientError):
+    """The operator's page already streams DARKROOM_WEB_DOWNLOADS large objects: 503 with
+    Retry-After. Never stored on a photo."""
+
+    code = "downloads_busy"
+    stage = "web"
+
+
 class AttemptsExhaustedError(PermanentError):
     code = "attempts_exhausted"
     stage = "process"
@@ -143,6 +151,7 @@ def _table() -> dict[str, CodeInfo]:
         "timeout": "render took longer than DARKROOM_JOB_TIMEOUT_S",
         "render_crashed": "the render process died (native crash)",
         "out_of_memory": "render exceeded DARKROOM_RENDER_MEMORY_MB",
+        "downloads_busy": "the web page already streams DARKROOM_WEB_DOWNLOADS large objects",
         "attempts_exhausted": "attempted DARKROOM_MAX_ATTEMPTS times without finishing",
         "internal_error": "unexpected exception in darkroom",
     }
@@ -150,7 +159,7 @@ def _table() -> dict[str, CodeInfo]:
         BadMessageError, OriginalMissingError, OriginalTooLargeError, UnsupportedFormatError,
         CorruptImageError, ImageTooLargeError, StorageUnavailableError, DatabaseUnavailableError,
         QueueUnavailableError, RenderTimeoutError, RenderCrashedError, RenderOutOfMemoryError,
-        ObjectForbiddenError, AttemptsExhaustedError, InternalError,
+        ObjectForbiddenError, DownloadsBusyError, AttemptsExhaustedError, InternalError,
     ]  # fmt: skip
     return {c.code: CodeInfo(c.retryable, c.stage, docs[c.code]) for c in classes}
 

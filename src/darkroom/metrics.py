@@ -90,8 +90,8 @@ def _route(path: str, ready: Readiness) -> tuple[str, str, bytes]:
 
 # -- queue gauges and outage gauges (issue 9) -----------------------------------------------
 
-# Filled from Redis and Postgres by `darkroom web` at each scrape of its /metrics (one
-# process, so no double counting); kept in their own registry so workers never export them.
+# Filled from Redis and Postgres by `darkroom web` from its shared snapshot (one process,
+# so no double counting); kept in their own registry so workers never export them.
 QUEUE_REGISTRY = CollectorRegistry(auto_describe=True)
 STREAM_LENGTH = Gauge(
     "darkroom_stream_length", "Entries in the work stream (the backlog)", registry=QUEUE_REGISTRY
@@ -104,6 +104,17 @@ DEAD_LETTERS = Gauge(
     "darkroom_dead_letters", "Entries in the dead-letter stream", registry=QUEUE_REGISTRY
 )
 PHOTOS = Gauge("darkroom_photos", "Photos by state", ["state"], registry=QUEUE_REGISTRY)
+# What the page itself costs: one snapshot is one count query, however many viewers.
+WEB_SNAPSHOTS = Counter(
+    "darkroom_web_snapshots_total",
+    "Status snapshots taken by darkroom web (one count query each)",
+    registry=QUEUE_REGISTRY,
+)
+WEB_DOWNLOADS_REFUSED = Counter(
+    "darkroom_web_downloads_refused_total",
+    "Downloads refused with 503 because DARKROOM_WEB_DOWNLOADS were in progress",
+    registry=QUEUE_REGISTRY,
+)
 DEPENDENCY_DOWN = Gauge(
     "darkroom_dependency_down", "1 while the worker sees this dependency down", ["dependency"]
 )

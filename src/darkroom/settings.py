@@ -110,6 +110,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     cache_control: str = "public, max-age=31536000, immutable"
     # Inside a prefix the worker writes anyway, so a least-privilege policy allows it.
     storage_probe_key: str = DEFAULT_PROBE_KEY
+    # The operator's page: large downloads streamed at once, and the age of its counts.
+    web_downloads: int = 4
+    web_snapshot_s: float = 2.0
 
     @property
     def in_flight_bound(self) -> int:
@@ -147,6 +150,8 @@ MINIMUMS: dict[str, float] = {
     "max_in_flight": 1,
     "renders_per_process": 1,
     "transient_budget_s": 1.0,
+    "web_downloads": 1,
+    "web_snapshot_s": 0.5,  # no setting turns the shared snapshot into a count per request
     "render_max_rss_mb": 64,  # a warm process is about 40 MB: each would be replaced
 }
 
@@ -265,6 +270,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "render_max_rss_mb": _bounded("render_max_rss_mb", int),
     "cache_control": _header_value,
     "storage_probe_key": _probe_key,
+    "web_downloads": _bounded("web_downloads", int),
+    "web_snapshot_s": _bounded("web_snapshot_s", float),
 }
 
 

@@ -8,6 +8,7 @@ import argparse
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -25,8 +26,8 @@ PAGE = 500
 
 
 async def status_report(pool: db.Pool, streams: Streams) -> dict[str, Any]:
-    report = {**await streams.status(), "photos": await db.count_by_state(pool)}
-    report["failures"] = await db.count_failures(pool)
+    by_state, failures = await db.photo_counts(pool)
+    report = {**await streams.status(), "photos": by_state, "failures": failures}
     mark_idle(report["consumers"])
     return report
 
@@ -99,6 +100,42 @@ async def dead_letters(
         if len(page) < PAGE:
             return
         after = page[-1].id
+
+
+@dataclass(frozen=True)
+class LetterPage:
+    """One page of dead letters. `after` is where the next page starts (None: the stream
+    ends here); `partial` says the scan bound ended the page before it filled."""
+
+    letters: list[Entry]
+    scanned: int
+    after: str | None
+    partial: bool
+
+
+async def letter_page(
+    streams: Streams, code: str | None, after: str, limit: int, scan_max: int
+) -> LetterPage:
+    """At most `limit` letters after id `after`, oldest first, with this code (None: all).
+    One XRANGE of at most `scan_max` entries: a filter never walks the whole stream."""
+    count = scan_max if code else limit
+    entries = await streams.dead_letter_page(after, count)
+    letters, used = pick_letters(entries, code, limit)
+    at_end = used == len(entries) < count
+    cursor = None if at_end else entries[used - 1].id
+    return LetterPage(letters, used, cursor, partial=not at_end and len(letters) < limit)
+
+
+def pick_letters(entries: list[Entry], code: str | None, limit: int) -> tuple[list[Entry], int]:
+    """The first `limit` entries with this code (None: any), and how many entries were
+    read to find them (the next page starts after the last one read)."""
+    picked: list[Entry] = []
+    for used, entry in enumerate(entries, 1):
+        if code is None or entry.fields.get("error_code") == code:
+            picked.append(entry)
+            if len(picked) == limit:
+                return picked, used
+    return picked, len(entries)
 
 
 async def replay_letter(pool: db.Pool, streams: Streams, letter: Entry) -> str | None:

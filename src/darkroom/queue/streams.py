@@ -439,6 +439,10 @@ class Streams:
         return await self.remove_consumer_if_idle(self.consumer, 0)
 
     @translated
+    async def dead_letter_count(self) -> int:
+        return int(await self.client.xlen(self.dead_stream))
+
+    @translated
     async def dead_letter_page(self, after: str, count: int) -> list[Entry]:
         """Dead letters oldest first, strictly after id `after` ("-" for the start), their
         fields escaped (whatever bytes another writer put there)."""

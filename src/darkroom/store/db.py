@@ -528,21 +528,29 @@ async def last_error(pool: Pool, photo_id: uuid.UUID) -> tuple[str | None, str |
     return (row["error_code"], row["last_error"]) if row else (None, None)
 
 
-@translated
-async def count_by_state(pool: Pool) -> dict[str, int]:
-    rows = await pool.fetch(
-        "SELECT processing_state, count(*) AS n FROM photos GROUP BY 1 ORDER BY 1"
-    )
-    return {row["processing_state"]: row["n"] for row in rows}
+# One pass over photos for both tables of the status: by state, and failures by code.
+COUNTS_SQL = "SELECT processing_state, error_code, count(*)::int AS n FROM photos GROUP BY 1, 2"
 
 
 @translated
-async def count_failures(pool: Pool) -> dict[str, int]:
-    rows = await pool.fetch(
-        "SELECT error_code, count(*) AS n FROM photos WHERE processing_state = 'processing_failed'"
-        " GROUP BY 1 ORDER BY 2 DESC"
-    )
-    return {row["error_code"] or "unknown": row["n"] for row in rows}
+async def photo_counts(pool: Pool) -> tuple[dict[str, int], dict[str, int]]:
+    """(photos by state, failed photos by error code), from one query."""
+    return fold_counts([tuple(row) for row in await pool.fetch(COUNTS_SQL)])
+
+
+def fold_counts(
+    rows: list[tuple[str, str | None, int]],
+) -> tuple[dict[str, int], dict[str, int]]:
+    """States in name order; failure codes most frequent first (a failure without a code
+    shows as `unknown`)."""
+    states: dict[str, int] = {}
+    failures: dict[str, int] = {}
+    for state, code, n in rows:
+        states[state] = states.get(state, 0) + n
+        if state == "processing_failed":
+            failures[code or "unknown"] = failures.get(code or "unknown", 0) + n
+    by_code = sorted(failures.items(), key=lambda item: (-item[1], item[0]))
+    return dict(sorted(states.items())), dict(by_code)
 
 
 @translated
@@ -761,17 +769,36 @@ async def photo_detail(pool: Pool, photo_id: uuid.UUID) -> dict[str, Any] | None
     return dict(row) if row else None
 
 
-# Newest first, one keyset page strictly before ($4, $5) on (updated_at, id).
+# Newest first, one keyset page strictly before ($2, $3) on (updated_at, id), LIMIT $1.
+# One statement per filter shape, the state a literal: photos_updated_idx serves no filter
+# (or a common state), photos_state_updated_idx a rare state, photos_code_idx a code. A
+# page reads about LIMIT index entries. Only failed photos have a code (every statement
+# that moves a photo out of processing_failed clears it), so a code filter needs no state
+# condition, which would also make the planner count failed photos twice (code × state)
+# and prefer reading every photo of the code and sorting them.
 PAGE_PHOTOS_SQL = """
 SELECT p.id, p.processing_state, p.format, p.width, p.height, p.bytes, p.error_code,
        p.renditions::text AS renditions, coalesce(j.attempt, 0) AS attempt, p.updated_at
 FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
-WHERE ($1::text IS NULL OR p.processing_state = $1)
-  AND ($2::text IS NULL OR p.error_code = $2)
-  AND ($4::timestamptz IS NULL OR (p.updated_at, p.id) < ($4, $5))
+WHERE (p.updated_at, p.id) < ($2, $3){filters}
 ORDER BY p.updated_at DESC, p.id DESC
-LIMIT $3
+LIMIT $1
 """
+STATES = ("uploaded", "processing", "processed", "processing_failed")
+# Before every photo: the cursor of a first page.
+NEWEST: Cursor = (datetime.max.replace(tzinfo=UTC), uuid.UUID(int=(1 << 128) - 1))
+
+
+def page_photos_sql(state: str | None, code: bool) -> str:
+    """The page statement for this filter shape ($4: the code). A code filters failed
+    photos, so it takes no other state."""
+    if code and state not in (None, "processing_failed"):
+        raise ValueError("an error code filters failed photos: state must be processing_failed")
+    if state is not None and state not in STATES:
+        raise ValueError(f"state must be one of {', '.join(STATES)}")
+    if code:
+        return PAGE_PHOTOS_SQL.format(filters=" AND p.error_code = $4")
+    return PAGE_PHOTOS_SQL.format(filters=f" AND p.processing_state = '{state}'" if state else "")
 
 
 @translated
@@ -780,10 +807,15 @@ async def page_photos(
     state: str | None,
     code: str | None,
     limit: int,
-    before: tuple[Any, uuid.UUID] | None = None,
+    before: Cursor | None = None,
 ) -> list[dict[str, Any]]:
-    after_at, after_id = before if before else (None, uuid.UUID(int=0))
-    rows = await pool.fetch(PAGE_PHOTOS_SQL, state, code, limit, after_at, after_id)
+    sql = page_photos_sql(state, code is not None)
+    async with pool.acquire() as conn:
+        # A plan for these very values: a generic plan (which the plan cache may settle on
+        # after five runs) cannot see the cursor, and may filter photos_updated_idx for a
+        # rare state, reading every photo. Undone by the pool's RESET ALL on release.
+        await conn.execute("SET plan_cache_mode = force_custom_plan")
+        rows = await conn.fetch(sql, limit, *(before or NEWEST), *([code] if code else []))
     return [dict(row) for row in rows]
 
 

@@ -3,8 +3,10 @@
 Keys are relative paths (`originals/<id>/...`, `renditions/<id>/<name>-<hash12>.<ext>`).
 Backends raise OriginalMissingError for an absent object, OriginalTooLargeError past the
 byte cap, ObjectForbiddenError for one object denied while the bucket answers, and
-StorageUnavailableError (an outage) for everything else. `list` pages through a prefix
-and `delete` removes one object (absent is fine): what `darkroom gc` needs.
+StorageUnavailableError (an outage) for everything else. `get` reads a whole object (the
+worker renders it); `open` streams one in chunks of CHUNK_BYTES (the web page serves it).
+`list` pages through a prefix and `delete` removes one object (absent is fine): what
+`darkroom gc` needs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlsplit
 
 import anyio
@@ -57,8 +59,26 @@ class StoredObject:
 Page = list[StoredObject]
 
 
+# What one read of a stream holds in memory, whatever the object's size.
+CHUNK_BYTES = 256 * 1024
+
+
+class ObjectStream(Protocol):
+    """An object being read: its size up front, then at most `size` bytes chunk by chunk
+    (b"" at the end). Errors while reading are translated like those of `open`."""
+
+    size: int
+
+    async def read(self) -> bytes: ...
+
+    def close(self) -> None:
+        """Release the file or connection; safe to call twice."""
+
+
 class Storage(Protocol):
     async def get(self, key: str, max_bytes: int) -> bytes: ...
+
+    async def open(self, key: str, max_bytes: int) -> ObjectStream: ...
 
     async def put(
         self, key: str, data: bytes, content_type: str, cache_control: str | None = None
@@ -103,6 +123,18 @@ class FileStorage:
             raise OriginalMissingError(f"no object at {key}") from exc
         except OSError as exc:
             raise _file_error(f"reading {key}", exc) from exc
+
+    async def open(self, key: str, max_bytes: int) -> ObjectStream:
+        """The file as it is now: a writer replaces it by rename, so this descriptor keeps
+        reading the bytes it opened, never a half-written new version."""
+        path = self._path(key)
+        try:
+            f = await anyio.to_thread.run_sync(_open_file, path, key, max_bytes)
+        except FileNotFoundError as exc:
+            raise OriginalMissingError(f"no object at {key}") from exc
+        except OSError as exc:
+            raise StorageUnavailableError(f"reading {key}: {exc}") from exc
+        return FileStream(f, key)
 
     async def put(
         self, key: str, data: bytes, content_type: str, cache_control: str | None = None
@@ -173,6 +205,37 @@ def _read_file(path: Path, key: str, max_bytes: int) -> bytes:
         if size > max_bytes:
             raise _too_large(key, size, max_bytes)
         return f.read()
+
+
+def _open_file(path: Path, key: str, max_bytes: int) -> BinaryIO:
+    f = open(path, "rb")  # noqa: SIM115 - FileStream owns it and closes it
+    size = os.fstat(f.fileno()).st_size
+    if size > max_bytes:
+        f.close()
+        raise _too_large(key, size, max_bytes)
+    return f
+
+
+class FileStream:
+    """One chunk per thread hop, so the event loop never waits on the disk."""
+
+    def __init__(self, f: BinaryIO, key: str) -> None:
+        self._f, self._key = f, key
+        self.size = os.fstat(f.fileno()).st_size
+        self._left = self.size
+
+    async def read(self) -> bytes:
+        if self._left <= 0:
+            return b""
+        try:
+            data = await anyio.to_thread.run_sync(self._f.read, min(CHUNK_BYTES, self._left))
+        except (OSError, ValueError) as exc:  # ValueError: read after close
+            raise StorageUnavailableError(f"reading {self._key}: {exc}") from exc
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._f.close()
 
 
 def _write_file(path: Path, data: bytes) -> None:
@@ -322,6 +385,24 @@ class S3Storage:
                 raise _too_large(key, size, max_bytes)
             return bytes(await body.read())
 
+    async def open(self, key: str, max_bytes: int) -> ObjectStream:
+        try:
+            with errors.map_exceptions(self.rules):
+                return await self._open(key, max_bytes)
+        except StorageUnavailableError as exc:
+            raise await self._denied(key, exc) from exc.__cause__
+
+    async def _open(self, key: str, max_bytes: int) -> ObjectStream:
+        try:
+            response = await self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except self.client.exceptions.NoSuchKey as exc:
+            raise OriginalMissingError(f"no object at s3://{self.bucket}/{self._key(key)}") from exc
+        size = int(response.get("ContentLength") or 0)
+        if size > max_bytes:
+            response["Body"].close()
+            raise _too_large(key, size, max_bytes)
+        return S3Stream(response["Body"], size, self.rules)
+
     async def put(
         self, key: str, data: bytes, content_type: str, cache_control: str | None = None
     ) -> None:
@@ -382,6 +463,22 @@ class S3Storage:
 
     async def aclose(self) -> None:
         await self._stack.aclose()
+
+
+class S3Stream:
+    """The body of one GET, read at most CHUNK_BYTES at a time off its connection. aiohttp
+    stops at the Content-Length, and aiobotocore checks it at the end: a body cut short is
+    `storage_unavailable`, never silently short bytes."""
+
+    def __init__(self, body: Any, size: int, rules: tuple[Rule, ...]) -> None:
+        self._body, self.size, self._rules = body, size, rules
+
+    async def read(self) -> bytes:
+        with errors.map_exceptions(self._rules):
+            return bytes(await self._body.read(CHUNK_BYTES))
+
+    def close(self) -> None:
+        self._body.close()
 
 
 async def open_storage(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
 from typing import Any
@@ -14,21 +15,28 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from darkroom import metrics
-from darkroom.errors import OriginalMissingError, OriginalTooLargeError
 from darkroom.operate import chart, ops
-from darkroom.operate.web.render import Deps, deps, json_response, render
+from darkroom.operate.web import downloads
+from darkroom.operate.web.render import deps, json_response, render
+from darkroom.queue.streams import Streams
 from darkroom.store import db
-from darkroom.store.storage import CONTENT_TYPES, Storage
+from darkroom.store.storage import CONTENT_TYPES
 
 PAGE_SIZE = 50
-MAX_PAGE_SIZE = 500
-STATES = ("uploaded", "processing", "processed", "processing_failed")
+LETTERS_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 500  # a larger `limit` is clamped to it, and the page shows the limit used
+# A dead-letter page filtered by code reads at most this many letters (one XRANGE): the
+# stream cannot be indexed by code, so the page says when it stopped short.
+LETTER_SCAN_MAX = 1000
+STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
-async def overview_data(d: Deps) -> dict[str, Any]:
-    report = await ops.status_report(d.pool, d.streams)
-    now, minutes = await db.throughput(d.pool, "minute", 3600)
-    _, hours = await db.throughput(d.pool, "hour", 86400)
+async def overview_data(pool: db.Pool, streams: Streams) -> dict[str, Any]:
+    """The status and the throughput charts: what one snapshot holds (render.Deps)."""
+    metrics.WEB_SNAPSHOTS.inc()
+    report = await ops.status_report(pool, streams)
+    now, minutes = await db.throughput(pool, "minute", 3600)
+    _, hours = await db.throughput(pool, "hour", 86400)
     report["throughput"] = {
         "per_minute": chart.fill(now, minutes, "minute", 60),
         "per_hour": chart.fill(now, hours, "hour", 24),
@@ -37,7 +45,7 @@ async def overview_data(d: Deps) -> dict[str, Any]:
 
 
 async def overview(request: Request) -> Response:
-    report = await overview_data(deps(request))
+    report = await deps(request).overview.get()
     charts = {
         "per_minute": chart.svg(report["throughput"]["per_minute"], "minute",
                                 "Photos finished per minute, last hour"),
@@ -48,7 +56,7 @@ async def overview(request: Request) -> Response:
 
 
 async def api_status(request: Request) -> Response:
-    return json_response(await overview_data(deps(request)))
+    return json_response(await deps(request).overview.get())
 
 
 def parse_before(raw: str | None) -> tuple[datetime, uuid.UUID] | None:
@@ -61,30 +69,50 @@ def parse_before(raw: str | None) -> tuple[datetime, uuid.UUID] | None:
         raise HTTPException(400, "bad page cursor") from None
 
 
-async def photos(request: Request) -> Response:
+def photo_filters(state: str | None, code: str | None) -> tuple[str | None, str | None]:
+    if state is not None and state not in db.STATES:
+        raise HTTPException(400, f"state must be one of {', '.join(db.STATES)}")
+    if code is not None and state not in (None, "processing_failed"):
+        raise HTTPException(400, "an error code filters failed photos: leave the state empty")
+    return state, code
+
+
+async def photo_page(request: Request) -> dict[str, Any]:
+    """One keyset page of photos, newest first, and the cursor of the next (None: last)."""
     q = request.query_params
-    state = q.get("state") or None
-    if state is not None and state not in STATES:
-        raise HTTPException(400, f"state must be one of {', '.join(STATES)}")
-    code = q.get("code") or None
-    size = page_size(q.get("limit"))
+    state, code = photo_filters(q.get("state") or None, q.get("code") or None)
+    size = page_size(q.get("limit"), PAGE_SIZE)
     rows = await db.page_photos(
         deps(request).pool, state, code, size + 1, parse_before(q.get("before"))
     )
     more, rows = len(rows) > size, rows[:size]
-    for row in rows:
-        row["thumb"] = thumbnail_index(decode_renditions(row["renditions"]))
     cursor = f"{rows[-1]['updated_at'].isoformat()}_{rows[-1]['id']}" if more else None
-    return render(request, "photos.html", rows=rows, state=state, code=code, cursor=cursor,
-                  states=STATES, limit=size)  # fmt: skip
+    return {"photos": rows, "next": cursor, "limit": size, "state": state, "code": code}
 
 
-def page_size(raw: str | None) -> int:
+async def photos(request: Request) -> Response:
+    page = await photo_page(request)
+    for row in page["photos"]:
+        row["thumb"] = thumbnail_index(decode_renditions(row["renditions"]))
+    return render(request, "photos.html", rows=page["photos"], state=page["state"],
+                  code=page["code"], cursor=page["next"], states=db.STATES, limit=page["limit"],
+                  max_limit=MAX_PAGE_SIZE)  # fmt: skip
+
+
+async def api_photos(request: Request) -> Response:
+    page = await photo_page(request)
+    for row in page["photos"]:
+        row["renditions"] = decode_renditions(row["renditions"])
+    return json_response(page)
+
+
+def page_size(raw: str | None, default: int) -> int:
+    """`limit`: a positive integer, clamped to MAX_PAGE_SIZE."""
     if not raw:
-        return PAGE_SIZE
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE_SIZE:
-        raise HTTPException(400, f"limit must be 1..{MAX_PAGE_SIZE}")
-    return int(raw)
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise HTTPException(400, f"limit must be a whole number from 1 (at most {MAX_PAGE_SIZE})")
+    return min(int(raw), MAX_PAGE_SIZE)
 
 
 def decode_renditions(text: str | None) -> list[dict[str, Any]]:
@@ -125,21 +153,11 @@ async def rendition(request: Request) -> Response:
     if index >= len(row["renditions"]):
         raise HTTPException(404, "no such rendition")
     item = row["renditions"][index]
-    data = await fetch(deps(request).storage, item["key"], 1 << 30)
+    d = deps(request)
+    opened = await downloads.stream_object(d.storage, d.downloads, item["key"], 1 << 30)
     content_type = CONTENT_TYPES.get(item.get("format", ""), "application/octet-stream")
-    return Response(data, media_type=content_type,
-                    headers={"cache-control": "private, max-age=60"})  # fmt: skip
-
-
-async def fetch(storage: Storage, key: str, max_bytes: int) -> bytes:
-    """An object from storage; a missing or oversized one is the photo's problem (404/413),
-    not an outage (503)."""
-    try:
-        return await storage.get(key, max_bytes)
-    except OriginalMissingError as exc:
-        raise HTTPException(404, f"{exc.code}: {exc}") from None
-    except OriginalTooLargeError as exc:
-        raise HTTPException(413, f"{exc.code}: {exc}") from None
+    return downloads.object_response(*opened, content_type,
+                                     {"cache-control": "private, max-age=60"})  # fmt: skip
 
 
 # Raster types a browser shows safely; anything else (HEIC, AVIF, unknown) is a download,
@@ -157,25 +175,50 @@ def sniff_inline(data: bytes) -> str | None:
 async def original(request: Request) -> Response:
     row = await photo_or_404(request)
     d = deps(request)
-    data = await fetch(d.storage, row["original_key"], d.settings.max_original_bytes)
-    inline = sniff_inline(data)
+    stream, first, done = await downloads.stream_object(
+        d.storage, d.downloads, row["original_key"], d.settings.max_original_bytes
+    )
+    inline = sniff_inline(first)
     headers = {"cache-control": "no-store"}
     if inline is None:
         headers["content-disposition"] = "attachment"
-    return Response(data, media_type=inline or "application/octet-stream", headers=headers)
+    media_type = inline or "application/octet-stream"
+    return downloads.object_response(stream, first, done, media_type, headers)
+
+
+def letter_cursor(raw: str | None) -> str:
+    if not raw:
+        return "-"
+    if not STREAM_ID.fullmatch(raw):
+        raise HTTPException(400, "bad page cursor")
+    return raw
+
+
+async def letter_page(request: Request) -> tuple[ops.LetterPage, str | None, int]:
+    q = request.query_params
+    code = q.get("code") or None
+    size = page_size(q.get("limit"), LETTERS_PAGE_SIZE)
+    after = letter_cursor(q.get("after"))
+    page = await ops.letter_page(deps(request).streams, code, after, size, LETTER_SCAN_MAX)
+    return page, code, size
 
 
 async def dead_letter_list(request: Request) -> Response:
-    code = request.query_params.get("code") or None
-    d = deps(request)
-    letters = [e async for e in ops.dead_letters(d.streams, [code] if code else None, 500)]
-    status = await d.streams.status()
-    return render(request, "dead_letters.html", letters=letters, code=code,
-                  total=status["dead_letters"], q=request.query_params)  # fmt: skip
+    page, code, size = await letter_page(request)
+    total = await deps(request).streams.dead_letter_count()
+    return render(request, "dead_letters.html", letters=page.letters, page=page, code=code,
+                  limit=size, total=total, q=request.query_params)  # fmt: skip
+
+
+async def api_dead_letters(request: Request) -> Response:
+    page, code, size = await letter_page(request)
+    letters = [{"id": e.id, **e.fields} for e in page.letters]
+    return json_response({"letters": letters, "next": page.after, "scanned": page.scanned,
+                          "partial": page.partial, "limit": size, "code": code})  # fmt: skip
 
 
 async def queue_metrics(request: Request) -> Response:
-    report = await ops.status_report(deps(request).pool, deps(request).streams)
+    report = await deps(request).overview.get()
     return Response(metrics.queue_metrics(report), media_type=CONTENT_TYPE_LATEST)
 
 

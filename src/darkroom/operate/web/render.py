@@ -13,8 +13,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.templating import Jinja2Templates
 
-from darkroom.errors import DarkroomError
+from darkroom.errors import DarkroomError, DownloadsBusyError
 from darkroom.operate.web.auth import COOKIE, SESSION_MAX_AGE_S, Auth
+from darkroom.operate.web.downloads import RETRY_AFTER_S, Slots
+from darkroom.operate.web.snapshot import Snapshot
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings, redact
 from darkroom.store import db
@@ -31,6 +33,9 @@ class Deps:
     streams: Streams
     storage: Storage
     auth: Auth
+    # the overview's numbers (pages.overview_data), shared by every viewer and scraper
+    overview: Snapshot[dict[str, Any]]
+    downloads: Slots
 
 
 def deps(request: Request) -> Deps:
@@ -90,8 +95,12 @@ async def on_dependency_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, DarkroomError)
     message = redact(f"{exc.code}: {exc}")
     if wants_html(request):
-        return render(request, "error.html", 503, message=message)
-    return JSONResponse({"error": message, "code": exc.code}, 503)
+        response = render(request, "error.html", 503, message=message)
+    else:
+        response = JSONResponse({"error": message, "code": exc.code}, 503)
+    if isinstance(exc, DownloadsBusyError):
+        response.headers["retry-after"] = str(RETRY_AFTER_S)
+    return response
 
 
 def json_response(data: Any, status: int = 200) -> Response:

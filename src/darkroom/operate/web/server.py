@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 
 import anyio
 import structlog
@@ -22,7 +23,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from darkroom.errors import DarkroomError
 from darkroom.operate.web import actions, pages
 from darkroom.operate.web.auth import Auth
+from darkroom.operate.web.downloads import Slots
 from darkroom.operate.web.render import HERE, Deps, on_dependency_error, on_http_error
+from darkroom.operate.web.snapshot import Snapshot
 from darkroom.services import services, storage_for
 from darkroom.settings import Settings
 
@@ -99,7 +102,11 @@ def create_app(settings: Settings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with services(settings, 4) as (pool, streams), storage_for(settings) as storage:
-            app.state.deps = Deps(settings, pool, streams, storage, Auth(settings.web_token))
+            overview = Snapshot(
+                partial(pages.overview_data, pool, streams), settings.web_snapshot_s
+            )
+            app.state.deps = Deps(settings, pool, streams, storage, Auth(settings.web_token),
+                                  overview, Slots(settings.web_downloads))  # fmt: skip
             yield
 
     app = Starlette(
@@ -162,6 +169,7 @@ ROUTES = [
     Route("/", pages.overview),
     Route("/api/status", pages.api_status),
     Route("/photos", pages.photos),
+    Route("/api/photos", pages.api_photos),
     Route("/photos/{photo_id:uuid}", pages.photo),
     Route("/api/photos/{photo_id:uuid}", pages.api_photo),
     Route("/photos/{photo_id:uuid}/renditions/{index:int}", pages.rendition),
@@ -169,6 +177,7 @@ ROUTES = [
     Route("/photos/{photo_id:uuid}/original", actions.restore_original, methods=["POST"]),
     Route("/photos/{photo_id:uuid}/retry", actions.retry, methods=["POST"]),
     Route("/dead-letters", pages.dead_letter_list),
+    Route("/api/dead-letters", pages.api_dead_letters),
     Route("/dead-letters/replay", actions.replay, methods=["POST"]),
     Route("/login", actions.login_page),
     Route("/login", actions.login, methods=["POST"]),
