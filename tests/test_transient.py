@@ -161,7 +161,7 @@ async def test_a_reclaim_from_a_live_owner_after_a_redis_outage_counts_nothing(
     than CLAIM_IDLE_MS, so worker B reclaims the entry: A's lease (renewed in PostgreSQL)
     says A lives, so B counts no attempt and hands the entry back to A without a delivery;
     A publishes it once S3 and Redis are back: attempt 1."""
-    settings = {"DARKROOM_CLAIM_IDLE_MS": "1500", "DARKROOM_CONCURRENCY": "1"}
+    settings = {"DARKROOM_CLAIM_IDLE_MS": "3000", "DARKROOM_CONCURRENCY": "1"}
     [photo_id] = s3_env.ingest([PHOTOS / "4.webp"])
     [(entry_id, _)] = s3_env.redis.xrange(s3_env.stream)
     redis_proxy = Proxy("127.0.0.1", int(REDIS_URL.rsplit(":", 1)[1].split("/")[0]))
