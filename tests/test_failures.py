@@ -175,3 +175,44 @@ async def test_dead_letter_stream_is_bounded(file_env: Env) -> None:
         await client.aclose()
     assert 10 <= length <= 110, "MAXLEN ~ trims by whole macro nodes (100 entries)"
     assert last[0][1]["n"] == "399", "the newest letters are kept"
+
+
+def test_rerender_that_kills_the_worker_every_time_fails_like_any_rerender(
+    file_env: Env,
+) -> None:
+    """A re-render whose worker is SIGKILLed on every delivery ends at the cap as a failed
+    re-render: the photo stays published with its renditions and its request, the job
+    records attempts_exhausted and is no longer active (gc may collect its uploads), and
+    a new `enqueue --rerender` gets a new run of attempts and publishes."""
+    settings = {"DARKROOM_MAX_ATTEMPTS": "2", "DARKROOM_CLAIM_IDLE_MS": "1000"}
+    [photo_id] = file_env.ingest([PHOTOS / "iphone_13_pro_max.HEIC"])
+    file_env.cli("run", "--drain")
+    [before] = file_env.query("SELECT renditions FROM photos WHERE id = $1", photo_id)
+    file_env.cli("enqueue", "--rerender", str(photo_id))
+    for attempt in (2, 3):  # the first render was attempt 1 of the history
+        worker = file_env.start("run", **settings)
+        deadline = time.monotonic() + 60
+        while not file_env.query(
+            "SELECT 1 FROM photo_jobs WHERE photo_id = $1 AND attempt = $2", photo_id, attempt
+        ):
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.01)
+        worker.kill()
+        worker.communicate()
+    file_env.cli("run", "--drain", **settings)
+    [row] = file_env.query(
+        "SELECT p.processing_state, p.visibility, p.renditions, p.rerender_requested_at,"
+        " j.state, j.error_code FROM photos p JOIN photo_jobs j ON j.photo_id = p.id"
+        " WHERE p.id = $1",
+        photo_id,
+    )
+    assert (row["processing_state"], row["visibility"]) == ("processed", "published")
+    assert row["renditions"] == before["renditions"] and row["rerender_requested_at"]
+    assert (row["state"], row["error_code"]) == ("failed", "attempts_exhausted")
+    assert file_env.redis.xlen(file_env.stream) == 0 and file_env.redis.xlen(file_env.dead) == 0
+    file_env.cli("enqueue", "--rerender", str(photo_id))
+    file_env.cli("run", "--drain", **settings)
+    [done] = file_env.query(
+        "SELECT rerendered_at, rerender_requested_at FROM photos WHERE id = $1", photo_id
+    )
+    assert done["rerendered_at"] is not None and done["rerender_requested_at"] is None

@@ -196,13 +196,13 @@ class Jobs:
     async def _process(self, entry: Entry, deliveries: int) -> str:
         # The backstop comes first, whatever the entry holds: nothing about its content may
         # keep an entry delivered past it from being given up.
-        backstop = policy.past_backstop(deliveries, self.settings.max_attempts)
-        if backstop:
+        if policy.past_backstop(deliveries, self.settings.max_attempts):
             _give_up_if_malformed(entry, deliveries)
         task = parse_task(entry)
+        # Once a claim succeeds, PostgreSQL's count rules: a duplicate entry that stepped
+        # aside many times while its photo's owner lived has a high delivery count and
+        # nothing wrong with it.
         claim = await self._claim(entry, task.photo_id)
-        if claim.outcome == "claimed" and backstop:
-            await self._past_the_cap(task.photo_id, f"delivered {deliveries} times")
         if claim.outcome != "claimed":
             return await self._unclaimed(entry, deliveries, claim)
         with metrics.STAGE_SECONDS.labels("download").time():
@@ -244,12 +244,12 @@ class Jobs:
         return claim.outcome
 
     async def _past_the_cap(self, photo_id: uuid.UUID, tried: str) -> None:
-        """Checked before any work, so a photo that kills its worker cannot loop. A photo
-        that is gone or already terminal goes on to the claim, which changes nothing."""
+        """Checked before any work, so a photo that kills its worker cannot loop. A re-render
+        past the cap fails like any re-render (its job records `attempts_exhausted`, the
+        photo keeps its renditions and its request); a photo gone or failed meanwhile is
+        left as it is."""
         state = await db.photo_state(self.pool, photo_id)
-        if state == "processed":  # a re-render that keeps failing is given up, never looped
-            await db.drop_rerender(self.pool, photo_id)
-        if state in (None, "processed", "processing_failed"):
+        if state in (None, "processing_failed"):
             return
         code, message = await db.last_error(self.pool, photo_id)
         raise AttemptsExhaustedError(

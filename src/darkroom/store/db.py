@@ -341,16 +341,6 @@ async def request_rerender(
     return sorted(row["id"] for row in rows)
 
 
-@translated
-async def drop_rerender(pool: Pool, photo_id: uuid.UUID) -> None:
-    """A re-render past the attempt cap is given up: the photo keeps what it had."""
-    await pool.execute(
-        "UPDATE photos SET rerender_requested_at = NULL"
-        " WHERE id = $1 AND rerender_requested_at IS NOT NULL",
-        photo_id,
-    )
-
-
 # Only the entry that owns the job, in the process holding it, records its retry: a stale
 # delivery (whose photo was re-enqueued through another entry since, or whose job another
 # process took over) changes nothing. The attempt its claim counted stands.
