@@ -182,3 +182,41 @@ async def test_a_claim_that_waited_for_the_photo_sees_the_job_as_it_is_now(
     assert (late.outcome, late.owner) == ("busy", "w1" if how == "claimed" else None)
     row = await job(pool, photo_id)
     assert (row["attempt"], row["holder"], row["stream_entry"]) == (1, "A", "1-0")
+
+
+async def test_a_requeue_leaves_a_live_owners_job_alone(pool: db.Pool) -> None:
+    """`darkroom enqueue` (or the sweep) while a live worker holds the job: the job stays
+    active under its entry, so the new entry meets it as `busy` instead of rendering the
+    photo beside it; once the owner is gone, a requeue points the job at the new entry."""
+    photo_id = await new_photo(pool)
+    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    await db.record_requeued(pool, photo_id, "2-0")
+    row = await job(pool, photo_id)
+    assert (row["state"], row["stream_entry"], row["holder"]) == ("active", "1-0", "A")
+    busy = await db.claim(pool, photo_id, "2-0", "w2", lease("B"))
+    assert (busy.outcome, busy.attempt) == ("busy", 0)
+    await expire(pool, photo_id)
+    await db.record_requeued(pool, photo_id, "3-0")
+    row = await job(pool, photo_id)
+    assert (row["state"], row["stream_entry"]) == ("pending", "3-0")
+
+
+async def test_a_stale_rerender_failure_leaves_the_entry_to_its_new_owner(
+    pool: db.Pool,
+) -> None:
+    """A worker that lost a re-render's entry to another consumer finds its failure refused
+    and the re-render held elsewhere: it must not ack the entry the new owner works on."""
+    photo_id = await new_photo(pool)
+    await pool.execute(
+        "UPDATE photos SET processing_state = 'processed', visibility = 'published',"
+        " renditions = '[]', processed_at = now(), rerender_requested_at = now()"
+        " WHERE id = $1",
+        photo_id,
+    )
+    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    await expire(pool, photo_id)
+    await db.claim(pool, photo_id, "1-0", "w2", lease("B"))
+    assert await db.record_failure(pool, photo_id, "1-0", "w1", "timeout", "x") == "finished"
+    assert not await db.record_rerender_failure(pool, photo_id, "1-0", "w1", "timeout", "x")
+    assert await db.rerender_held_elsewhere(pool, photo_id, "1-0", "w1")
+    assert not await db.rerender_held_elsewhere(pool, photo_id, "1-0", "w2")

@@ -146,16 +146,7 @@ def test_photo_that_kills_the_worker_every_time_is_dead_lettered(file_env: Env) 
     """SIGKILL on every delivery: after MAX_ATTEMPTS deliveries it is dead-lettered, not looped."""
     settings = {"DARKROOM_MAX_ATTEMPTS": "2", "DARKROOM_CLAIM_IDLE_MS": "1000"}
     [photo_id] = file_env.ingest([PHOTOS / "iphone_13_pro_max.HEIC"])
-    for attempt in (1, 2):
-        worker = file_env.start("run", **settings)
-        deadline = time.monotonic() + 60
-        while not file_env.query(
-            "SELECT 1 FROM photo_jobs WHERE photo_id = $1 AND attempt = $2", photo_id, attempt
-        ):
-            assert time.monotonic() < deadline and worker.poll() is None
-            time.sleep(0.01)
-        worker.kill()
-        worker.communicate()
+    _kill_at_attempts(file_env, photo_id, (1, 2), settings)
     file_env.cli("run", "--drain", **settings)
     letter = assert_failed(file_env, photo_id, "attempts_exhausted", attempts=3)
     assert "none recorded (the worker died)" in letter["error"]
@@ -189,16 +180,7 @@ def test_rerender_that_kills_the_worker_every_time_fails_like_any_rerender(
     file_env.cli("run", "--drain")
     [before] = file_env.query("SELECT renditions FROM photos WHERE id = $1", photo_id)
     file_env.cli("enqueue", "--rerender", str(photo_id))
-    for attempt in (2, 3):  # the first render was attempt 1 of the history
-        worker = file_env.start("run", **settings)
-        deadline = time.monotonic() + 60
-        while not file_env.query(
-            "SELECT 1 FROM photo_jobs WHERE photo_id = $1 AND attempt = $2", photo_id, attempt
-        ):
-            assert time.monotonic() < deadline and worker.poll() is None
-            time.sleep(0.01)
-        worker.kill()
-        worker.communicate()
+    _kill_at_attempts(file_env, photo_id, (2, 3), settings)  # render 1 was attempt 1
     file_env.cli("run", "--drain", **settings)
     [row] = file_env.query(
         "SELECT p.processing_state, p.visibility, p.renditions, p.rerender_requested_at,"
@@ -216,3 +198,19 @@ def test_rerender_that_kills_the_worker_every_time_fails_like_any_rerender(
         "SELECT rerendered_at, rerender_requested_at FROM photos WHERE id = $1", photo_id
     )
     assert done["rerendered_at"] is not None and done["rerender_requested_at"] is None
+
+
+def _kill_at_attempts(
+    file_env: Env, photo_id: uuid.UUID, attempts: tuple[int, ...], settings: dict[str, str]
+) -> None:
+    """Start a worker and SIGKILL it as soon as its claim makes each of these attempts."""
+    for attempt in attempts:
+        worker = file_env.start("run", **settings)
+        deadline = time.monotonic() + 60
+        while not file_env.query(
+            "SELECT 1 FROM photo_jobs WHERE photo_id = $1 AND attempt = $2", photo_id, attempt
+        ):
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.01)
+        worker.kill()
+        worker.communicate()

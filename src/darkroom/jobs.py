@@ -391,6 +391,10 @@ class Jobs:
                 rerender = await db.record_rerender_failure(
                     self.pool, photo_id, entry.id, consumer, exc.code, str(exc)
                 )
+                if not rerender and await db.rerender_held_elsewhere(
+                    self.pool, photo_id, entry.id, consumer
+                ):
+                    return "not_owner"  # the re-render's new owner acks its entry itself
                 await self.streams.ack(entry.id)
                 return "rerender_failed" if rerender else "already"
         await self._write_dead_letter(entry, deliveries, exc.code, str(exc), exc.stage)

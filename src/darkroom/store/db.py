@@ -510,6 +510,25 @@ async def release(pool: Pool, photo_id: uuid.UUID, lease: Lease) -> bool:
 
 
 @translated
+async def rerender_held_elsewhere(
+    pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str
+) -> bool:
+    """A re-render of this photo is under way through another delivery (its job active,
+    not this entry under this consumer): a stale delivery must leave the entry to it."""
+    held = await pool.fetchval(RERENDER_HELD_SQL, photo_id, entry_id, consumer)
+    return bool(held)
+
+
+RERENDER_HELD_SQL = """
+SELECT EXISTS (
+    SELECT 1 FROM photos p JOIN photo_jobs j ON j.photo_id = p.id
+    WHERE p.id = $1 AND p.processing_state = 'processed'
+      AND p.rerender_requested_at IS NOT NULL AND j.type = 'process'
+      AND j.state = 'active' AND NOT (j.stream_entry = $2 AND j.consumer = $3))
+"""
+
+
+@translated
 async def last_error(pool: Pool, photo_id: uuid.UUID) -> tuple[str | None, str | None]:
     row = await pool.fetchrow(
         "SELECT error_code, last_error FROM photo_jobs WHERE photo_id = $1 AND type = 'process'",
@@ -651,12 +670,16 @@ SELECT id, 'process', 'pending', $2 FROM photo
 ON CONFLICT (photo_id, type) DO UPDATE SET
     -- a finished job keeps the entry it finished through (a failure's dead letter is
     -- finished from that entry alone); retry/replay reset the job to pending first
-    stream_entry = CASE WHEN j.state IN ('done', 'failed') THEN j.stream_entry
-                        ELSE EXCLUDED.stream_entry END,
+    -- a job a live worker holds (its lease runs) stays its own: the new entry meets it as
+    -- `busy` and waits, instead of rendering the photo beside it
+    stream_entry = CASE WHEN j.state IN ('done', 'failed')
+                             OR (j.state = 'active' AND j.lease_until > now())
+                        THEN j.stream_entry ELSE EXCLUDED.stream_entry END,
     -- a worker may have claimed the new entry between the XADD and this statement: its
     -- active job stays active (else its retry record, which needs `active`, would be lost)
     state = CASE WHEN j.state IN ('done', 'failed')
-                      OR (j.state = 'active' AND j.stream_entry = EXCLUDED.stream_entry)
+                      OR (j.state = 'active' AND (j.stream_entry = EXCLUDED.stream_entry
+                                                  OR j.lease_until > now()))
                  THEN j.state ELSE 'pending' END,
     updated_at = now()
 """
