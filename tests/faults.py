@@ -106,12 +106,14 @@ class DenyingS3Proxy:
                     self._answer(503, {}, b"")
                     return
                 conn = http.client.HTTPConnection(host, int(port), timeout=30)
-                conn.request(self.command, self.path, body, dict(self.headers))
-                response = conn.getresponse()
-                data = response.read()
+                try:  # closed on every path: an upstream paused or reset must not leak it
+                    conn.request(self.command, self.path, body, dict(self.headers))
+                    response = conn.getresponse()
+                    data = response.read()
+                finally:
+                    conn.close()
                 headers = {k: v for k, v in response.getheaders()
                            if k.lower() not in ("transfer-encoding", "connection")}  # fmt: skip
-                conn.close()
                 self._answer(response.status, headers, data)
 
             def _answer(self, status: int, headers: dict[str, str], data: bytes) -> None:

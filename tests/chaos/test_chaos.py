@@ -79,6 +79,9 @@ class Chaos:
         self.frozen: int | None = None
         self.spared = 0
         self.quiet_until = 0.0  # no event before (seconds into the run)
+        # No SIGKILL before: the S3 SlowDown window measures the transient wait alone (a kill
+        # there would add its photos' redeliveries to the window's deliveries per photo).
+        self.no_kills_until = 0.0
         self.malformed: dict[str, str] = {}  # entry id -> shape (tests/test_entries.py)
 
     def ingest(self, chunk: list[tuple[Path, str]]) -> None:
@@ -108,7 +111,8 @@ class Chaos:
             if events and events[0][0] <= now and now >= self.quiet_until:
                 self.inject(events.pop(0)[1], now)
             elif now >= next_kill:
-                self.kill()
+                if now >= self.no_kills_until:
+                    self.kill()
                 next_kill = now + self.rng.uniform(1, 3)
             elif not events and not self.lifts and now >= next_check:
                 if self.rig.unfinished() == 0:
@@ -124,7 +128,8 @@ class Chaos:
         PostgreSQL's count): a photo killed MAX_ATTEMPTS times is dead-lettered
         `attempts_exhausted` by design (the poison-photo rule), and that would be the rig's
         doing, not the worker's."""
-        spare = self.rig.holding(int(SETTINGS["DARKROOM_MAX_ATTEMPTS"])) | {self.frozen}
+        # one attempt of headroom: a worker may claim a photo between this query and the kill
+        spare = self.rig.holding(int(SETTINGS["DARKROOM_MAX_ATTEMPTS"]) - 1) | {self.frozen}
         slot = self.rng.choice(range(self.rig.n_workers))
         if slot in spare:
             self.spared += 1
@@ -169,6 +174,8 @@ class Chaos:
         info = failover.open_window(self.rig, kind)
         lift_at = now + failover.FAILOVER_S[kind]
         self.quiet_until = lift_at + failover.TAIL_S
+        if kind == "s3_slowdown":
+            self.no_kills_until = self.quiet_until
         self.fault(kind, lift_at, lambda: failover.close_window(self.rig, kind), **info)
         fault = self.faults[-1]
 
