@@ -29,9 +29,10 @@ def renditions_put(method: str, path: str) -> bool:
 def open_window(rig: Rig, kind: str) -> dict[str, Any]:
     """Start the fault; what it did (backends terminated, ...)."""
     if kind == "redis_replica":
-        backlog = rig.backlog()
         rig.demote_redis()
-        return {"backlog_at_demotion": backlog}
+        # read after the demotion: from here no write lands (an ack just before it would
+        # change the stream between an earlier reading and the demotion)
+        return {"backlog_at_demotion": rig.backlog()}
     if kind == "pg_read_only":
         return {"backends_terminated": rig.pg_read_only(True)}
     if kind == "s3_denied":
