@@ -129,3 +129,22 @@ ALTER TABLE photo_jobs
 -- photos have a code: every statement that moves a photo out of processing_failed clears it.
 CREATE INDEX IF NOT EXISTS photos_code_idx ON photos (error_code, updated_at, id)
     WHERE error_code IS NOT NULL;
+
+-- ---- issue 13: lanes and tenants ----------------------------------------------------------
+-- lane: which work stream the photo goes through (interactive: DARKROOM_STREAM; bulk:
+-- DARKROOM_BULK_STREAM, fed fairly between tenants). tenant: whose photo it is ('' =
+-- nobody's). enqueued_at: when the photo last entered a work stream (NULL: never, so a
+-- PostgreSQL-only producer's row is still to be enqueued). cost: what rendering it costs
+-- (pixels from the header, else bytes; NULL = not known before the render). Constant
+-- defaults: added in place without rewriting the table.
+ALTER TABLE photos
+    ADD COLUMN IF NOT EXISTS lane        text   NOT NULL DEFAULT 'interactive',
+    ADD COLUMN IF NOT EXISTS tenant      text   NOT NULL DEFAULT '',
+    ADD COLUMN IF NOT EXISTS enqueued_at timestamptz,
+    ADD COLUMN IF NOT EXISTS cost        bigint CHECK (cost >= 0);
+DO $$
+BEGIN
+    ALTER TABLE photos ADD CONSTRAINT photos_lane_check CHECK (lane IN ('interactive', 'bulk'));
+EXCEPTION WHEN duplicate_object THEN NULL;
+END $$;
+-- ---- end of issue 13 ----------------------------------------------------------------------

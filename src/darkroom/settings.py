@@ -77,6 +77,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     group: str = "darkroom"
     consumer: str = msgspec.field(default_factory=default_consumer)
     dead_letter_stream: str = "{darkroom}:dead"
+    # The bulk lane's work stream; empty means DARKROOM_STREAM + ":bulk" (same hash tag).
+    bulk_stream: str = ""
     dead_letter_maxlen: int = 100_000
     concurrency: int = msgspec.field(default_factory=lambda: os.cpu_count() or 1)
     shutdown_grace_s: float = 30.0
@@ -113,6 +115,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # The operator's page: large downloads streamed at once, and the age of its counts.
     web_downloads: int = 4
     web_snapshot_s: float = 2.0
+
+    @property
+    def bulk_stream_key(self) -> str:
+        return self.bulk_stream or f"{self.stream}:bulk"
 
     @property
     def in_flight_bound(self) -> int:
@@ -244,6 +250,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "group": _nonempty,
     "consumer": _nonempty,
     "dead_letter_stream": _nonempty,
+    "bulk_stream": _nonempty,
     "dead_letter_maxlen": _bounded("dead_letter_maxlen", int),
     "concurrency": _bounded("concurrency", int),
     "shutdown_grace_s": _bounded("shutdown_grace_s", float),
@@ -334,7 +341,20 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             "must share DARKROOM_STREAM's {hash tag} (one script moves entries between them,"
             " and on a Redis Cluster its keys must be in one slot)",
         )
+    _check_bulk_stream(settings)
     return settings
+
+
+def _check_bulk_stream(settings: Settings) -> None:
+    bulk = settings.bulk_stream_key
+    if bulk in (settings.stream, settings.dead_letter_stream):
+        raise SettingsError("DARKROOM_BULK_STREAM", "must differ from the other streams")
+    if hash_tag(bulk) != hash_tag(settings.stream):
+        raise SettingsError(
+            "DARKROOM_BULK_STREAM",
+            "must share DARKROOM_STREAM's {hash tag} (on a Redis Cluster every key of the"
+            " queue must be in one slot)",
+        )
 
 
 def hash_tag(key: str) -> str:
