@@ -133,7 +133,7 @@ class FileStorage:
         except FileNotFoundError as exc:
             raise OriginalMissingError(f"no object at {key}") from exc
         except OSError as exc:
-            raise StorageUnavailableError(f"reading {key}: {exc}") from exc
+            raise _file_error(f"reading {key}", exc) from exc
         return FileStream(f, key)
 
     async def put(
@@ -150,7 +150,7 @@ class FileStorage:
         try:
             await anyio.to_thread.run_sync(_remove_file, self._path(key))
         except OSError as exc:
-            raise StorageUnavailableError(f"deleting {key}: {exc}") from exc
+            raise _file_error(f"deleting {key}", exc) from exc
 
     async def list(self, prefix: str) -> AsyncIterator[Page]:
         """The prefix's entries in name order, a few hundred folders (one per photo) per
@@ -375,14 +375,8 @@ class S3Storage:
             raise await self._denied(key, exc) from exc.__cause__
 
     async def _get(self, key: str, max_bytes: int) -> bytes:
-        try:
-            response = await self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-        except self.client.exceptions.NoSuchKey as exc:
-            raise OriginalMissingError(f"no object at s3://{self.bucket}/{self._key(key)}") from exc
-        size = int(response.get("ContentLength") or 0)
+        response, _ = await self._response(key, max_bytes)
         async with response["Body"] as body:
-            if size > max_bytes:
-                raise _too_large(key, size, max_bytes)
             return bytes(await body.read())
 
     async def open(self, key: str, max_bytes: int) -> ObjectStream:
@@ -393,6 +387,11 @@ class S3Storage:
             raise await self._denied(key, exc) from exc.__cause__
 
     async def _open(self, key: str, max_bytes: int) -> ObjectStream:
+        response, size = await self._response(key, max_bytes)
+        return S3Stream(response["Body"], size, self.rules)
+
+    async def _response(self, key: str, max_bytes: int) -> tuple[dict[str, Any], int]:
+        """A GET whose body is still unread, and its size; over the cap, closed and refused."""
         try:
             response = await self.client.get_object(Bucket=self.bucket, Key=self._key(key))
         except self.client.exceptions.NoSuchKey as exc:
@@ -401,7 +400,7 @@ class S3Storage:
         if size > max_bytes:
             response["Body"].close()
             raise _too_large(key, size, max_bytes)
-        return S3Stream(response["Body"], size, self.rules)
+        return response, size
 
     async def put(
         self, key: str, data: bytes, content_type: str, cache_control: str | None = None
