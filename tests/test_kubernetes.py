@@ -83,8 +83,7 @@ def test_the_kustomization_lists_every_manifest() -> None:
 
 
 def test_every_core_manifest_validates_against_the_kubernetes_schemas() -> None:
-    """Deployments, Job, PDB, Service and ConfigMap pass Kubernetes' strict schemas (an
-    unknown or misspelt field fails, as kubectl's field validation would)."""
+    """Every core object passes Kubernetes' strict schemas: a misspelt field fails."""
     core = [m for m in manifests() if m["kind"] not in CUSTOM_KINDS]
     assert {m["kind"] for m in core} >= {"Deployment", "PodDisruptionBudget", "ConfigMap", "Job"}
     for manifest in core:
@@ -121,8 +120,7 @@ def test_kedas_schema_refuses_a_misspelt_field_or_a_wrong_type(
 
 
 def test_the_manifests_settings_are_ones_darkroom_accepts() -> None:
-    """The ConfigMap and the worker's env pass darkroom's own settings check (a misspelt
-    DARKROOM_* name would stop every pod with exit 2), and concurrency equals the CPU limit."""
+    """darkroom accepts the manifests' settings, and concurrency equals the CPU limit."""
     settings = worker_settings()
     assert settings.concurrency == int(worker_container()["resources"]["limits"]["cpu"])
     assert settings.metrics_port == worker_container()["ports"][0]["containerPort"]
@@ -151,8 +149,7 @@ def test_the_termination_grace_outlasts_the_shutdown_grace_and_the_exit() -> Non
 
 
 def test_every_pod_runs_non_root_on_a_read_only_root_with_tmp_writable() -> None:
-    """Each pod runs as the image's uid, without privilege escalation, on a read-only root
-    filesystem; the worker's /tmp (forkserver socket, libvips temporaries) is an emptyDir."""
+    """Pods run as the image's uid on a read-only root; the worker's /tmp is an emptyDir."""
     for spec in pod_specs():
         assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["securityContext"]["runAsUser"] == IMAGE_UID
@@ -197,9 +194,7 @@ def test_the_scaled_object_scales_the_worker_deployment_to_zero() -> None:
 
 
 def test_each_lane_has_a_lag_and_a_pending_trigger_on_the_workers_group() -> None:
-    """Both lanes' streams are watched for unread entries (lag, which wakes a Deployment at
-    zero) and for read but unacked ones (pending: a killed pod's entries need a pod to be
-    reclaimed), in the group the workers read with, on the Redis they use."""
+    """Both lanes' streams have a lag and a pending trigger, on the workers' group and Redis."""
     settings = worker_settings()
     redis_triggers = [t["metadata"] for t in triggers() if t["type"] == "redis-streams"]
     for stream in lanes.streams_of(settings).values():
@@ -213,8 +208,7 @@ def test_each_lane_has_a_lag_and_a_pending_trigger_on_the_workers_group() -> Non
 
 
 def test_the_postgresql_trigger_reads_the_workers_database_and_caps_its_count() -> None:
-    """The unfinished-photos trigger connects with the workers' own database URL, and its
-    count is capped no lower than the largest demand it can express."""
+    """The PostgreSQL trigger uses the workers' database; its cap never hides demand."""
     spec = one("ScaledObject", "darkroom-worker")["spec"]
     [trigger] = [t["metadata"] for t in triggers() if t["type"] == "postgresql"]
     assert trigger["connectionFromEnv"] == "DARKROOM_DATABASE_URL"
@@ -225,8 +219,7 @@ def test_the_postgresql_trigger_reads_the_workers_database_and_caps_its_count() 
 async def test_the_unfinished_query_counts_exactly_the_photos_that_need_a_worker(
     database_url: str,
 ) -> None:
-    """On the real schema, the postgresql trigger's query counts uploaded and processing
-    photos, and drops to 0 once they are processed or failed (so the pods may go)."""
+    """The PostgreSQL trigger's query counts unfinished photos, and 0 once they end."""
     [trigger] = [t["metadata"] for t in triggers() if t["type"] == "postgresql"]
     conn = await asyncpg.connect(database_url)
     try:
@@ -246,8 +239,7 @@ async def test_the_unfinished_query_counts_exactly_the_photos_that_need_a_worker
 
 
 async def test_lag_and_pending_stay_exact_while_darkroom_deletes_acked_entries() -> None:
-    """What KEDA reads on Redis 7 (XINFO GROUPS lag and pending) stays a number, not nil,
-    while darkroom acks and deletes entries, counts unread and unacked ones, and reaches 0."""
+    """KEDA's lag and pending stay exact while darkroom acks and deletes entries."""
     tag = uuid.uuid4().hex[:10]
     stream = f"{{k{tag}}}:photos"
     client = connect(REDIS_URL)
@@ -275,8 +267,7 @@ def lag_and_pending(client: redis.Redis, stream: str) -> tuple[int, int]:
 
 
 def test_the_prometheus_rule_holds_the_rules_promtool_tests() -> None:
-    """The PrometheusRule the cluster loads is deploy/prometheus/alerts.yaml, rule for rule
-    (regenerate with scripts/prometheus-rule)."""
+    """The PrometheusRule is alerts.yaml rule for rule (regenerate: scripts/prometheus-rule)."""
     alerts = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yaml").read_text())
     rule = one("PrometheusRule", "darkroom")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
