@@ -120,7 +120,12 @@ def test_kedas_schema_refuses_a_misspelt_field_or_a_wrong_type(
 
 
 def test_the_manifests_settings_are_ones_darkroom_accepts() -> None:
-    """darkroom accepts the manifests' settings, and concurrency equals the CPU limit."""
+    """darkroom accepts every container's settings, and concurrency equals the CPU limit."""
+    config = one("ConfigMap", "darkroom")["data"]
+    for spec in pod_specs():
+        for container in spec["containers"]:
+            literal = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+            settings_mod.from_env({**config, **literal})
     settings = worker_settings()
     assert settings.concurrency == int(worker_container()["resources"]["limits"]["cpu"])
     assert settings.metrics_port == worker_container()["ports"][0]["containerPort"]
