@@ -1,5 +1,5 @@
 """deploy/kubernetes/ validates offline (the core kinds against Kubernetes' own schemas, the
-ScaledObject against KEDA's) and keeps the promises docs/kubernetes.md makes: probes, grace
+custom kinds against their CRDs') and keeps the promises docs/kubernetes.md makes: probes, grace
 periods, non-root and read-only, sized resources, triggers on both lanes' lag and pending
 entries and on unfinished photos, the alerts promtool tests; and what KEDA reads from Redis
 and PostgreSQL means what the triggers assume, checked against the real servers."""
@@ -90,33 +90,39 @@ def test_every_core_manifest_validates_against_the_kubernetes_schemas() -> None:
         kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
 
 
-def keda_validator() -> jsonschema.Draft202012Validator:
-    schema = json.loads((KUBE / "schemas" / "scaledobject.schema.json").read_text())
+def crd_validator(kind: str) -> jsonschema.Draft202012Validator:
+    schema = json.loads((KUBE / "schemas" / f"{kind.lower()}.schema.json").read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
 
 
-def test_the_scaled_object_validates_against_kedas_schema() -> None:
-    """The ScaledObject passes the schema generated from KEDA's CRD."""
-    keda_validator().validate(one("ScaledObject", "darkroom-worker"))
+def test_every_custom_object_validates_against_its_crds_schema() -> None:
+    """The ScaledObject, PodMonitor and PrometheusRule pass schemas made from their CRDs."""
+    custom = [m for m in manifests() if m["kind"] in CUSTOM_KINDS]
+    assert sorted(m["kind"] for m in custom) == sorted(CUSTOM_KINDS)
+    for manifest in custom:
+        crd_validator(manifest["kind"]).validate(manifest)
 
 
 @pytest.mark.parametrize(
-    ("path", "bad"),
-    [(("spec", "pollingIntervall"), 15), (("spec", "minReplicaCount"), "0"),
-     (("spec", "triggers", 0, "metadta"), {})],
+    ("kind", "name", "path", "bad"),
+    [("ScaledObject", "darkroom-worker", ("spec", "pollingIntervall"), 15),
+     ("ScaledObject", "darkroom-worker", ("spec", "minReplicaCount"), "0"),
+     ("ScaledObject", "darkroom-worker", ("spec", "triggers", 0, "metadta"), {}),
+     ("PodMonitor", "darkroom", ("spec", "podMetricsEndpoints", 0, "paht"), "/metrics"),
+     ("PrometheusRule", "darkroom", ("spec", "groups", 0, "rules", 0, "expresion"), "up")],
 )  # fmt: skip
-def test_kedas_schema_refuses_a_misspelt_field_or_a_wrong_type(
-    path: tuple[Any, ...], bad: Any
+def test_the_crd_schemas_refuse_a_misspelt_field_or_a_wrong_type(
+    kind: str, name: str, path: tuple[Any, ...], bad: Any
 ) -> None:
-    """A typo or a quoted number in the ScaledObject fails the test, not the cluster."""
-    manifest = copy.deepcopy(one("ScaledObject", "darkroom-worker"))
+    """A typo or a quoted number in a custom object fails the test, not the cluster."""
+    manifest = copy.deepcopy(one(kind, name))
     node = manifest
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = bad
     with pytest.raises(jsonschema.ValidationError):
-        keda_validator().validate(manifest)
+        crd_validator(kind).validate(manifest)
 
 
 def test_the_manifests_settings_are_ones_darkroom_accepts() -> None:
