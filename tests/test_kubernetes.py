@@ -172,6 +172,16 @@ def test_every_pod_runs_non_root_on_a_read_only_root_with_tmp_writable() -> None
     assert "emptyDir" in {v["name"]: v for v in worker["volumes"]}[mounts["/tmp"]]
 
 
+def test_no_pod_gets_service_variables_darkroom_would_refuse() -> None:
+    """Service links are off: the Service darkroom-web would add unknown DARKROOM_* names."""
+    for service in (m["metadata"]["name"] for m in manifests() if m["kind"] == "Service"):
+        linked = {f"{service.upper().replace('-', '_')}_SERVICE_HOST": "10.0.0.1"}
+        with pytest.raises(settings_mod.SettingsError, match="unknown setting"):
+            settings_mod.from_env({**worker_env(), **linked})
+    for spec in pod_specs():
+        assert spec["enableServiceLinks"] is False
+
+
 def test_every_container_has_cpu_and_memory_requests_and_limits() -> None:
     """No container is unbounded or unscheduled; a limit is never below its request."""
     for spec in pod_specs():
@@ -273,7 +283,7 @@ async def test_lag_and_pending_stay_exact_while_darkroom_deletes_acked_entries()
 
 
 def lag_and_pending(client: redis.Redis, stream: str) -> tuple[int, int]:
-    [group] = client.xinfo_groups(stream)  # type: ignore[misc]
+    [group] = client.xinfo_groups(stream)
     return group["lag"], group["pending"]
 
 
