@@ -1,4 +1,5 @@
-# darkroom worker image. Build: docker build -t darkroom .
+# darkroom worker image. Build: docker build -t darkroom .  (or podman build: the recipe
+# and its measured figures are in docs/kubernetes.md; the manifests in deploy/kubernetes/).
 # libvips and libheif come bundled in the pyvips-binary / pi-heif wheels, so no
 # apt packages are needed; both stages must use the same base (the venv's python
 # is a symlink to the base image's interpreter).
