@@ -74,13 +74,24 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
 
 
+def swatch_png(color: str | None) -> bytes | None:
+    """A 1×1 PNG of `#rrggbb` (the page's CSP allows no inline style, but data: images)."""
+    if not color or len(color) != 7 or not color.startswith("#"):
+        return None
+    try:
+        rgb = bytes.fromhex(color[1:])
+    except ValueError:
+        return None
+    return rgba_png(1, 1, rgb + b"\xff")
+
+
 def data_uri(png: bytes | None) -> str | None:
     return None if png is None else "data:image/png;base64," + base64.b64encode(png).decode()
 
 
 def readable(facts: dict[str, Any]) -> dict[str, Any]:
     """The stored facts plus what a person reads: `taken`, `exposure_text`, `camera`, and
-    the placeholder as a data: URI."""
+    the placeholder and the dominant colour's swatch as data: URIs."""
     camera = " ".join(filter(None, (facts.get("camera_make"), facts.get("camera_model"))))
     return {
         **facts,
@@ -88,4 +99,5 @@ def readable(facts: dict[str, Any]) -> dict[str, Any]:
         "taken": taken_text(facts.get("taken_at_local"), facts.get("taken_at")),
         "exposure_text": exposure_text(facts.get("exposure")),
         "placeholder": data_uri(placeholder_png(facts.get("thumbhash"))),
+        "swatch": data_uri(swatch_png(facts.get("dominant_color"))),
     }
