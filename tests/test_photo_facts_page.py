@@ -35,7 +35,7 @@ def test_the_iphone_photo_page_shows_its_camera_time_placeholder_and_timeline(
     expect(rows).to_have_count(1)
     expect(rows.first).to_contain_text("published")
     if SCREENSHOTS:
-        page.screenshot(path=f"{SCREENSHOTS}/web-photo-facts.png", full_page=True)
+        page.screenshot(path=f"{SCREENSHOTS}/web-photo-facts.jpg", full_page=True, quality=78)
 
 
 def test_the_api_carries_the_same_facts_and_timeline(file_env: Env) -> None:

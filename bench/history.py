@@ -1,0 +1,188 @@
+"""What the attempt history costs: end-to-end throughput with it on and off, the cost of its
+two statements per delivery, and a day's deletion timed while workers run.
+
+    .venv/bin/python bench/history.py [--out docs/benchmarks.md] [--rows 500000] [--rounds 3]
+
+Real `darkroom run --drain` workers (bench/e2e.py's rig) against a database of its own,
+`darkroom_bench_history`, on 300 tiny 64×48 PNGs: the workload where a fixed per-photo
+cost shows most (a camera photo's render is 100× longer). DARKROOM_HISTORY=true and false
+alternate, `--rounds` times each. Then `--rows` expired rows (one day's, 40 days old) are
+deleted by `recorder.prune_expired` while a worker drains the PNGs and a probe writes a
+delivery's two statements every 10 ms: the probe's latency says whether the deletion
+blocks the workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from e2e import Rig, Run, tiny_pngs
+from report import machine, write_section
+
+from darkroom import recorder
+from darkroom.store import db, history
+
+DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/darkroom_bench_history"
+PROBE_EVERY_S = 0.01
+
+
+class HistoryRig(Rig):
+    """bench/e2e.py's rig on this script's own database (e2e.py may run beside it)."""
+
+    def environ(self, stream: str, **extra: str) -> dict[str, str]:
+        return super().environ(stream, **extra) | {"DARKROOM_DATABASE_URL": DATABASE_URL}
+
+    def setup(self) -> None:
+        subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists",
+                        "darkroom_bench_history"], check=True)  # fmt: skip
+        self.cli("bench-history", "migrate")
+
+
+def on_off(rig: Rig, paths: list[Path], rounds: int) -> dict[str, list[Run]]:
+    runs: dict[str, list[Run]] = {"true": [], "false": []}
+    for i in range(rounds):
+        for setting in ("true", "false") if i % 2 == 0 else ("false", "true"):
+            runs[setting].append(rig.drain(paths, DARKROOM_HISTORY=setting))
+            print(f"  history={setting}: {runs[setting][-1].per_s:.1f}/s", file=sys.stderr)
+    return runs
+
+
+async def statement_us(pool: db.Pool, pairs: int = 2000) -> float:
+    """One delivery's two statements (start, finish), sequential, in µs."""
+    photo_id = uuid.uuid4()
+    await db.insert_photo(pool, photo_id, "originals/bench")
+    started = time.perf_counter()
+    for i in range(pairs):
+        attempt = history.Attempt(await history.start(pool, photo_id, f"{i}-0", "bench"))
+        await history.finish(pool, attempt, history.Ending("published"))
+    return (time.perf_counter() - started) / pairs * 1e6
+
+
+async def fill_expired_day(pool: db.Pool, rows: int) -> None:
+    await pool.execute(
+        "INSERT INTO photo_attempts (photo_id, entry_id, consumer, lane, started_at, ended_at,"
+        " render_ms, outcome) SELECT gen_random_uuid(), i || '-0', 'old', 'interactive',"
+        " now() - interval '40 days' + i * interval '86 s' / $1 * 1000, now(), 100, 'published'"
+        " FROM generate_series(1, $1) i",
+        rows,
+    )
+    await pool.execute("VACUUM ANALYZE photo_attempts")
+
+
+async def probe(pool: db.Pool, stop: asyncio.Event, latencies_ms: list[float]) -> None:
+    """A worker's two history statements, every 10 ms, each pair's latency."""
+    photo_id = uuid.uuid4()
+    await db.insert_photo(pool, photo_id, "originals/probe")
+    while not stop.is_set():
+        started = time.perf_counter()
+        attempt = history.Attempt(await history.start(pool, photo_id, "probe-0", "probe"))
+        await history.finish(pool, attempt, history.Ending("published"))
+        latencies_ms.append((time.perf_counter() - started) * 1000)
+        await asyncio.sleep(PROBE_EVERY_S)
+
+
+async def timed_prune(pool: db.Pool, rig: Rig, paths: list[Path]) -> dict[str, Any]:
+    """Baseline probe for 3 s, then the prune while a worker drains `paths`."""
+    before: list[float] = []
+    during: list[float] = []
+    stop = asyncio.Event()
+    baseline = asyncio.create_task(probe(pool, stop, before))
+    await asyncio.sleep(3)
+    stop.set()
+    await baseline
+    drained: dict[str, Run] = {}
+    worker = threading.Thread(target=lambda: drained.setdefault("run", rig.drain(paths)))
+    worker.start()
+    await asyncio.sleep(1)  # the worker is started and rendering
+    stop = asyncio.Event()
+    probing = asyncio.create_task(probe(pool, stop, during))
+    started = time.perf_counter()
+    deleted = await recorder.prune_expired(pool, 30)
+    prune_s = time.perf_counter() - started
+    stop.set()
+    await probing
+    await asyncio.to_thread(worker.join)
+    return {"deleted": deleted, "prune_s": prune_s, "before": before, "during": during,
+            "run": drained["run"]}  # fmt: skip
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
+
+
+async def measure(rig: Rig, paths: list[Path], rows: int) -> tuple[float, dict[str, Any]]:
+    pool = await db.connect(DATABASE_URL, 4)
+    try:
+        cost_us = await statement_us(pool)
+        await fill_expired_day(pool, rows)
+        return cost_us, await timed_prune(pool, rig, paths)
+    finally:
+        await pool.close()
+
+
+def report(runs: dict[str, list[Run]], cost_us: float, prune: dict[str, Any], rows: int) -> str:
+    on = statistics.median(r.per_s for r in runs["true"])
+    off = statistics.median(r.per_s for r in runs["false"])
+    per_photo_ms = 1000 / off
+    b, d = prune["before"], prune["during"]
+    batches = -(-prune["deleted"] // recorder.PRUNE_BATCH)
+    return "\n".join([
+        "## Attempt history (bench/history.py)", "",
+        f"- {machine()}",
+        f"- 300 tiny 64×48 PNGs through one `darkroom run --drain` worker; DARKROOM_HISTORY "
+        f"on and off alternate, {len(runs['true'])} drains each, median photos/s", "",
+        "| history | photos/s (median) | each drain |", "|---|---:|---|",
+        f"| on | {on:.1f} | {', '.join(f'{r.per_s:.1f}' for r in runs['true'])} |",
+        f"| off | {off:.1f} | {', '.join(f'{r.per_s:.1f}' for r in runs['false'])} |", "",
+        f"Difference: {100 * (off - on) / off:+.1f} % of end-to-end throughput (on this shared "
+        f"2-core machine, drain-to-drain noise is several %). The two statements of one "
+        f"delivery (INSERT at the claim, UPDATE at the end) take {cost_us:.0f} µs of wall time "
+        f"in sequence, {100 * cost_us / 1000 / per_photo_ms:.1f} % of a tiny PNG's "
+        f"{per_photo_ms:.1f} ms per photo and about 0.01 % of a 12 MP camera photo's; they "
+        f"wait on the database, not the render slots (DARKROOM_MAX_IN_FLIGHT keeps those fed).",
+        "",
+        f"### Deleting one day ({rows:,} rows, 40 days old) while a worker drains", "",
+        f"- `recorder.prune_expired`: {prune['deleted']:,} rows in {prune['prune_s']:.1f} s, "
+        f"{batches} batches of {recorder.PRUNE_BATCH:,} with {recorder.PRUNE_PAUSE_S:g} s "
+        f"pauses ({prune['prune_s'] / max(batches, 1) * 1000 - recorder.PRUNE_PAUSE_S * 1000:.0f}"
+        f" ms per DELETE)",
+        f"- a worker's two history statements, every 10 ms: p50 {pct(b, 50):.2f} ms, p99 "
+        f"{pct(b, 99):.2f} ms, max {max(b):.1f} ms before; p50 {pct(d, 50):.2f} ms, p99 "
+        f"{pct(d, 99):.2f} ms, max {max(d):.1f} ms during the deletion ({len(d)} probes)",
+        f"- the worker draining 300 tiny PNGs meanwhile: {prune['run'].per_s:.1f} photos/s "
+        f"(history on, no deletion: {on:.1f})", "",
+    ])  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="write the history section of this report")
+    parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="darkroom-bench-history-") as name:
+        rig = HistoryRig(Path(name))
+        rig.setup()
+        paths = tiny_pngs(Path(name) / "tiny", 300)
+        print("history on and off", file=sys.stderr)
+        runs = on_off(rig, paths, args.rounds)
+        print(f"statement cost, then deleting {args.rows} rows while draining", file=sys.stderr)
+        cost_us, prune = asyncio.run(measure(rig, paths, args.rows))
+    body = report(runs, cost_us, prune, args.rows)
+    print(body)
+    if args.out:
+        write_section(args.out, "history", body)
+
+
+if __name__ == "__main__":
+    main()
