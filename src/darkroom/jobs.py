@@ -109,6 +109,8 @@ class Jobs:
             bound.exception("unexpected error")
             error = InternalError(f"{type(exc).__name__}: {exc}")
             await self._fail(entry, deliveries, error, bound)
+        finally:
+            self.recorder.forget(entry)
 
     async def _resilient(self, entry: Entry, deliveries: int) -> str:
         """Process and ack. A stop that cuts the work short gives the claim back: it was not

@@ -60,6 +60,11 @@ class Recorder:
             with _logged(entry):
                 attempt.row_id = await history.start(self.pool, photo_id, entry.id, self.consumer)
 
+    def forget(self, entry: Entry) -> None:
+        """A delivery cut short without an end (stopped before its claim was given back):
+        its row, if any, stays `running` and reads as `worker_died` once its lease is gone."""
+        self.attempts.pop(entry.id, None)
+
     async def end(self, entry: Entry, ending: history.Ending) -> None:
         """Finish the delivery's row, or write it whole when it has none (nothing was
         claimed, or its insert failed). Once per delivery: the attempt is forgotten here."""
