@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -34,6 +35,8 @@ from darkroom.store import db, history
 
 DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/darkroom_bench_history"
 PROBE_EVERY_S = 0.01
+# A 12 MP camera JPEG's CPU per photo, worker + render processes (bench/e2e.py's section).
+CAMERA_CPU_MS = 254.9
 
 
 class HistoryRig(Rig):
@@ -57,15 +60,26 @@ def on_off(rig: Rig, paths: list[Path], rounds: int) -> dict[str, list[Run]]:
     return runs
 
 
-async def statement_us(pool: db.Pool, pairs: int = 2000) -> float:
-    """One delivery's two statements (start, finish), sequential, in µs."""
+def cpu_s(pid: int) -> float:
+    """User + system CPU of a process so far (utime and stime of /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def statement_cost(pool: db.Pool, pairs: int = 3000) -> tuple[float, float]:
+    """One delivery's two statements (start, finish), in sequence: wall µs, and CPU µs of
+    this client and its PostgreSQL backend (CPU time, unlike wall time, is not inflated
+    by the other processes of a shared machine)."""
     photo_id = uuid.uuid4()
     await db.insert_photo(pool, photo_id, "originals/bench")
-    started = time.perf_counter()
-    for i in range(pairs):
-        attempt = history.Attempt(await history.start(pool, photo_id, f"{i}-0", "bench"))
-        await history.finish(pool, attempt, history.Ending("published"))
-    return (time.perf_counter() - started) / pairs * 1e6
+    async with pool.acquire() as conn:
+        backend = await conn.fetchval("SELECT pg_backend_pid()")
+        started, cpu0 = time.perf_counter(), time.process_time() + cpu_s(backend)
+        for i in range(pairs):
+            attempt = history.Attempt(await history.start(conn, photo_id, f"{i}-0", "bench"))
+            await history.finish(conn, attempt, history.Ending("published"))
+        cpu = time.process_time() + cpu_s(backend) - cpu0
+    return (time.perf_counter() - started) / pairs * 1e6, cpu / pairs * 1e6
 
 
 async def fill_expired_day(pool: db.Pool, rows: int) -> None:
@@ -120,20 +134,26 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
 
 
-async def measure(rig: Rig, paths: list[Path], rows: int) -> tuple[float, dict[str, Any]]:
+async def measure(
+    rig: Rig, paths: list[Path], rows: int
+) -> tuple[tuple[float, float], dict[str, Any]]:
     pool = await db.connect(DATABASE_URL, 4)
     try:
-        cost_us = await statement_us(pool)
+        cost_us = await statement_cost(pool)
         await fill_expired_day(pool, rows)
         return cost_us, await timed_prune(pool, rig, paths * 3)
     finally:
         await pool.close()
 
 
-def report(runs: dict[str, list[Run]], cost_us: float, prune: dict[str, Any], rows: int) -> str:
+def report(
+    runs: dict[str, list[Run]], cost: tuple[float, float], prune: dict[str, Any], rows: int
+) -> str:
     on = statistics.median(r.per_s for r in runs["true"])
     off = statistics.median(r.per_s for r in runs["false"])
-    per_photo_ms = 1000 / off
+    cpu_on = statistics.median(r.cpu_ms / r.photos for r in runs["true"])
+    cpu_off = statistics.median(r.cpu_ms / r.photos for r in runs["false"])
+    wall_us, cpu_us = cost
     b, d = prune["before"], prune["during"]
     batches = -(-prune["deleted"] // recorder.PRUNE_BATCH)
     return "\n".join([
@@ -141,15 +161,22 @@ def report(runs: dict[str, list[Run]], cost_us: float, prune: dict[str, Any], ro
         f"- {machine()}",
         f"- 300 tiny 64×48 PNGs through one `darkroom run --drain` worker; DARKROOM_HISTORY "
         f"on and off alternate, {len(runs['true'])} drains each, median photos/s", "",
-        "| history | photos/s (median) | each drain |", "|---|---:|---|",
-        f"| on | {on:.1f} | {', '.join(f'{r.per_s:.1f}' for r in runs['true'])} |",
-        f"| off | {off:.1f} | {', '.join(f'{r.per_s:.1f}' for r in runs['false'])} |", "",
-        f"Difference: {100 * (off - on) / off:+.1f} % of end-to-end throughput (on this shared "
-        f"2-core machine, drain-to-drain noise is several %). The two statements of one "
-        f"delivery (INSERT at the claim, UPDATE at the end) take {cost_us:.0f} µs of wall time "
-        f"in sequence, {100 * cost_us / 1000 / per_photo_ms:.1f} % of a tiny PNG's "
-        f"{per_photo_ms:.1f} ms per photo and about 0.01 % of a 12 MP camera photo's; they "
-        f"wait on the database, not the render slots (DARKROOM_MAX_IN_FLIGHT keeps those fed).",
+        "| history | photos/s (median) | each drain | CPU ms per photo, worker + render "
+        "processes (median) |", "|---|---:|---|---:|",
+        f"| on | {on:.1f} | {', '.join(f'{r.per_s:.1f}' for r in runs['true'])} | {cpu_on:.1f} |",
+        f"| off | {off:.1f} | {', '.join(f'{r.per_s:.1f}' for r in runs['false'])} | "
+        f"{cpu_off:.1f} |", "",
+        f"The two statements of one delivery (INSERT at the claim, UPDATE at the end, "
+        f"asynchronous commits) cost **{cpu_us:.0f} µs of CPU** (this client and its "
+        f"PostgreSQL backend, 3,000 pairs in sequence; {wall_us:.0f} µs "
+        f"of wall time on this loaded machine): **{100 * cpu_us / 1000 / cpu_off:.1f} %** of "
+        f"a tiny PNG's {cpu_off:.1f} ms of worker and render CPU (Redis and PostgreSQL server "
+        f"CPU for the photo's own statements not counted, so the true share is lower), and "
+        f"{100 * cpu_us / 1000 / CAMERA_CPU_MS:.2f} % of a camera JPEG's {CAMERA_CPU_MS} ms "
+        f"(bench/e2e.py). On "
+        f"a CPU-bound machine throughput goes as 1 / CPU per photo, so that is the throughput "
+        f"cost. The drains' photos/s differ by {100 * (off - on) / off:+.1f} %, within their "
+        f"own spread on this shared machine (load average above).",
         "",
         f"### Deleting one day ({rows:,} rows, 40 days old) while a worker drains", "",
         f"- `recorder.prune_expired`: {prune['deleted']:,} rows in {prune['prune_s']:.1f} s, "
