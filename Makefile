@@ -46,8 +46,8 @@ demo: $(STAMP) services
 	$(BIN)/darkroom status
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 
 imports: $(STAMP)
 	$(BIN)/lint-imports --no-cache
@@ -55,7 +55,12 @@ imports: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) services /usr/bin/chromium $(PROMTOOL)
+# The Node example's packages, exactly as locked (tests/test_examples.py runs it; node >= 20).
+examples/node/node_modules: examples/node/package-lock.json
+	cd examples/node && npm ci --no-audit --no-fund
+	touch $@
+
+pytest: $(STAMP) services /usr/bin/chromium $(PROMTOOL) examples/node/node_modules
 	$(BIN)/pytest -q
 
 test: lint imports typecheck pytest
@@ -65,7 +70,7 @@ chaos: $(STAMP) services
 	$(BIN)/pytest -m chaos -s tests/chaos
 
 # Each bench script rewrites only its own section of docs/benchmarks.md: add scripts here.
-BENCH_SCRIPTS := bench/render.py bench/pool.py bench/e2e.py bench/sweep.py bench/pages.py
+BENCH_SCRIPTS := bench/render.py bench/pool.py bench/e2e.py bench/sweep.py bench/pages.py bench/history.py
 BENCH_STAMP   := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): pyproject.toml $(STAMP)

@@ -148,3 +148,34 @@ BEGIN
 EXCEPTION WHEN duplicate_object THEN NULL;
 END $$;
 -- ---- end of issue 13 ----------------------------------------------------------------------
+
+-- ---- issue 14: attempt history -------------------------------------------------------------
+-- One row per delivery that reached a worker (docs/history.md). A claimed delivery's row
+-- is inserted `running` right after its claim and finished by one UPDATE when it ends; a
+-- row still `running` after its job's lease is gone is a worker that died. A delivery
+-- that claims nothing (busy, already, a bad_message entry: photo_id NULL) is one finished
+-- row. No foreign key: the history outlives a deleted photo, and an insert checks nothing.
+-- Kept DARKROOM_HISTORY_KEEP_DAYS by batched deletes over photo_attempts_started_idx.
+CREATE TABLE IF NOT EXISTS photo_attempts (
+    id          bigserial PRIMARY KEY,
+    photo_id    uuid,
+    entry_id    text NOT NULL,
+    consumer    text NOT NULL,
+    lane        text,
+    started_at  timestamptz NOT NULL DEFAULT now(),
+    ended_at    timestamptz,
+    download_ms real,
+    render_ms   real,
+    upload_ms   real,
+    publish_ms  real,
+    outcome     text NOT NULL DEFAULT 'running',
+    error_code  text,
+    error       text,
+    peak_rss_mb real
+);
+CREATE INDEX IF NOT EXISTS photo_attempts_photo_idx ON photo_attempts (photo_id, started_at);
+CREATE INDEX IF NOT EXISTS photo_attempts_started_idx ON photo_attempts (started_at);
+CREATE INDEX IF NOT EXISTS photo_attempts_code_idx ON photo_attempts (error_code, started_at)
+    WHERE error_code IS NOT NULL;
+CREATE INDEX IF NOT EXISTS photo_attempts_consumer_idx ON photo_attempts (consumer, started_at);
+-- ---- end of issue 14 (attempt history) -----------------------------------------------------

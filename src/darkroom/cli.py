@@ -23,7 +23,7 @@ from darkroom import __version__, metrics
 from darkroom.errors import DarkroomError, SettingsError, first_error
 from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
-from darkroom.operate import gc, ops, web
+from darkroom.operate import gc, history, ops, web
 from darkroom.operate.progress import Progress, parse_rate
 from darkroom.queue.messages import task_fields
 from darkroom.queue.streams import Streams
@@ -121,8 +121,10 @@ SUBCOMMANDS = {
         "darkroom status --json | jq .photos",
     ),
     "photos": (
-        "a table of recent photos and their outcomes",
-        "darkroom photos --state processing_failed --limit 20",
+        "a table of recent photos and their outcomes; `photos show ID`: one photo's facts "
+        "and its attempt timeline",
+        "darkroom photos --state processing_failed --limit 20\n"
+        "  darkroom photos show 0b5c4e2a-6d3f-4c1e-9a57-2f1d8e6b9c30 --json",
     ),
     "dlq": (
         "list or replay dead letters",
@@ -139,6 +141,11 @@ SUBCOMMANDS = {
     "web": (
         "serve the operator's web page (settings DARKROOM_WEB_*)",
         "DARKROOM_WEB_PORT=8080 darkroom web",
+    ),
+    # -- issue 14: attempt history (docs/history.md)
+    "attempts": (
+        "search the attempt history: every delivery a worker handled, newest first",
+        "darkroom attempts --code render_timeout --since 2026-11-30 --limit 20 --json",
     ),
 }
 
@@ -187,6 +194,16 @@ def _photos_arguments(photos: argparse.ArgumentParser) -> None:
     )
     photos.add_argument("--limit", type=int, default=50)
     photos.add_argument("--json", action="store_true")
+    photos.add_argument("action", nargs="?", choices=["show"], help="show one photo")
+    photos.add_argument("photo_id", nargs="?", type=uuid.UUID, metavar="PHOTO_ID")
+
+
+def _attempts_arguments(attempts: argparse.ArgumentParser) -> None:
+    attempts.add_argument("--code", help="only deliveries that ended with this error code")
+    attempts.add_argument("--since", type=_timestamp, help="only those started since (ISO 8601)")
+    attempts.add_argument("--consumer", help="only those of this consumer")
+    attempts.add_argument("--limit", type=int, default=50)
+    attempts.add_argument("--json", action="store_true")
 
 
 def _consumers_arguments(consumers: argparse.ArgumentParser) -> None:
@@ -214,6 +231,7 @@ ARGUMENTS = {
     "photos": _photos_arguments,
     "consumers": _consumers_arguments,
     "gc": _gc_arguments,
+    "attempts": _attempts_arguments,
 }
 
 
@@ -406,10 +424,11 @@ COMMANDS = {
     "enqueue": cmd_enqueue,
     "run": cmd_run,
     "status": ops.cmd_status,
-    "photos": ops.cmd_photos,
+    "photos": history.cmd_photos,
     "dlq": ops.cmd_dlq,
     "retry": ops.cmd_retry,
     "consumers": ops.cmd_consumers,
     "gc": gc.cmd_gc,
     "web": web.cmd_web,
+    "attempts": history.cmd_attempts,
 }

@@ -37,8 +37,9 @@ from darkroom.queue import policy
 from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import DeadLetter, Entry, parse_task
 from darkroom.queue.streams import Streams
+from darkroom.recorder import Recorder
 from darkroom.settings import Settings
-from darkroom.store import db, keys
+from darkroom.store import db, history, keys
 from darkroom.store.storage import CONTENT_TYPES, Storage
 
 log = structlog.get_logger("darkroom.jobs")
@@ -90,6 +91,7 @@ class Jobs:
         self.lease = db.Lease(
             self.holder, policy.lease_ms(self.settings.claim_idle_ms), self.settings.max_attempts
         )
+        self.recorder = Recorder(self.pool, self.streams.consumer, self.settings.history)
 
     async def handle(self, entry: Entry, deliveries: int) -> None:
         started = time.monotonic()
@@ -97,6 +99,7 @@ class Jobs:
         try:
             outcome = await self._resilient(entry, deliveries)
             metrics.OUTCOMES.labels(outcome).inc()
+            await self.recorder.end(entry, history.Ending(outcome))
             bound.info("entry done", outcome=outcome, seconds=round(time.monotonic() - started, 3))
         except LeftPending:
             bound.warning("stopping during an outage; entry left pending")
@@ -106,6 +109,8 @@ class Jobs:
             bound.exception("unexpected error")
             error = InternalError(f"{type(exc).__name__}: {exc}")
             await self._fail(entry, deliveries, error, bound)
+        finally:
+            self.recorder.forget(entry)
 
     async def _resilient(self, entry: Entry, deliveries: int) -> str:
         """Process and ack. A stop that cuts the work short gives the claim back: it was not
@@ -192,6 +197,7 @@ class Jobs:
             except DarkroomError as exc:
                 log.warning("could not give the claim back; it counts as an attempt",
                             entry_id=entry.id, error=str(exc))  # fmt: skip
+            await self.recorder.end(entry, history.Ending("released"))
 
     async def _process(self, entry: Entry, deliveries: int) -> str:
         # The backstop comes first, whatever the entry holds: nothing about its content may
@@ -205,16 +211,17 @@ class Jobs:
         claim = await self._claim(entry, task.photo_id)
         if claim.outcome != "claimed":
             return await self._unclaimed(entry, deliveries, claim)
-        with metrics.STAGE_SECONDS.labels("download").time():
+        with self.recorder.timed(entry, "download"):
             original = await self.storage.get(claim.original_key, self.settings.max_original_bytes)
-        with metrics.STAGE_SECONDS.labels("render").time():
+        with self.recorder.timed(entry, "render"):
             result = await self.renderer.render(original, self.settings.renditions)
         metrics.RENDER_PEAK_RSS_MB.observe(result.peak_rss_mb)
-        with metrics.STAGE_SECONDS.labels("upload").time():
+        self.recorder.attempt(entry).peak_rss_mb = result.peak_rss_mb
+        with self.recorder.timed(entry, "upload"):
             renditions = await self._upload(task.photo_id, result)
         facts = result.facts.row(len(original), keep_location=self.settings.keep_location)
         facts["original_sha256"] = await anyio.to_thread.run_sync(sha256_hex, original)
-        with metrics.STAGE_SECONDS.labels("publish").time():
+        with self.recorder.timed(entry, "publish"):
             replaced = await db.publish(
                 self.pool, task.photo_id, facts, msgspec.json.encode(renditions).decode()
             )
@@ -227,10 +234,13 @@ class Jobs:
     async def _claim(self, entry: Entry, photo_id: uuid.UUID) -> db.Claim:
         """One claim per delivery, however often retried in place (kept with the entry).
         The job is claimed before any failure is recorded: only its owner may record one."""
-        claim = self.in_flight.claim_of(entry.id) or await db.claim(
+        cached = self.in_flight.claim_of(entry.id)
+        claim = cached or await db.claim(
             self.pool, photo_id, entry.id, self.streams.consumer, self.lease
         )
         self.in_flight.claimed(entry.id, claim)
+        if cached is None and claim.outcome in ("claimed", "exhausted"):
+            await self.recorder.begin(entry, photo_id)
         return claim
 
     async def _unclaimed(self, entry: Entry, deliveries: int, claim: db.Claim) -> str:
@@ -333,6 +343,8 @@ class Jobs:
         with anyio.CancelScope(shield=True) as scope:
             scope.deadline = anyio.current_time() + RECORD_DEADLINE_S
             await self._record(entry, attempt, exc, decision, bound)
+            ending = history.Ending("failed" if final else "retrying", exc.code, str(exc))
+            await self.recorder.end(entry, ending)
         if scope.cancelled_caught:
             bound.error("recording the failure timed out; left pending for reclaim")
 

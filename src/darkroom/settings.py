@@ -115,6 +115,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # The operator's page: large downloads streamed at once, and the age of its counts.
     web_downloads: int = 4
     web_snapshot_s: float = 2.0
+    # -- issue 14: attempt history (docs/history.md)
+    history: bool = True
+    history_keep_days: float = 30.0
 
     @property
     def bulk_stream_key(self) -> str:
@@ -159,6 +162,7 @@ MINIMUMS: dict[str, float] = {
     "web_downloads": 1,
     "web_snapshot_s": 0.5,  # no setting turns the shared snapshot into a count per request
     "render_max_rss_mb": 64,  # a warm process is about 40 MB: each would be replaced
+    "history_keep_days": 1.0,  # retention deletes whole days, oldest first
 }
 
 
@@ -279,6 +283,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "storage_probe_key": _probe_key,
     "web_downloads": _bounded("web_downloads", int),
     "web_snapshot_s": _bounded("web_snapshot_s", float),
+    "history": _boolean,
+    "history_keep_days": _bounded("history_keep_days", float),
 }
 
 

@@ -19,7 +19,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
-from darkroom import metrics, sweeper
+from darkroom import metrics, recorder, sweeper
 from darkroom.errors import DarkroomError
 from darkroom.health import DEPENDENCIES, Clock, Gate, RealClock
 from darkroom.image.renderer import RenderPool
@@ -86,6 +86,7 @@ class Worker:
             services.start_soon(self._heartbeat_loop, "heartbeat failed", self._refresh_entries)
             services.start_soon(self._heartbeat_loop, "renewing leases failed", self._renew_leases)
             services.start_soon(self._sweep_loop)
+            services.start_soon(self._prune_loop)
             async with anyio.create_task_group() as jobs:
                 await self._intake(jobs, drain)
                 with anyio.move_on_after(self.settings.shutdown_grace_s):
@@ -308,3 +309,15 @@ class Worker:
             metrics.REQUEUED.labels("sweep").inc(len(photos))
             log.warning("swept lost photos back into the stream", count=len(photos))
         return len(photos)
+
+    async def _prune_loop(self) -> None:
+        """The attempt history's retention (recorder.prune_expired), every PRUNE_EVERY_S."""
+        while True:
+            await anyio.sleep(recorder.PRUNE_EVERY_S)
+            if self.gate.is_open() and not self.stopping.is_set():
+                try:
+                    await recorder.prune_expired(self.pool, self.settings.history_keep_days)
+                except DarkroomError as exc:
+                    log.warning("history pruning failed", error_code=exc.code, error=str(exc))
+                except Exception:  # a bug must not end the worker
+                    log.exception("history pruning failed unexpectedly")

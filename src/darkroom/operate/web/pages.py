@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from darkroom import metrics
-from darkroom.operate import chart, ops
+from darkroom.operate import chart, history, ops
 from darkroom.operate.web import downloads
 from darkroom.operate.web.render import deps, json_response, render
 from darkroom.queue.streams import Streams
@@ -135,13 +135,22 @@ async def photo_or_404(request: Request) -> dict[str, Any]:
     return row
 
 
+async def report_or_404(request: Request) -> dict[str, Any]:
+    """The photo, its facts and its attempt timeline (operate/history.py)."""
+    photo_id: uuid.UUID = request.path_params["photo_id"]
+    report = await history.photo_report(deps(request).pool, photo_id)
+    if report is None:
+        raise HTTPException(404, f"no photo {photo_id}")
+    return report
+
+
 async def photo(request: Request) -> Response:
-    row = await photo_or_404(request)
+    row = await report_or_404(request)
     return render(request, "photo.html", photo=row, q=request.query_params)
 
 
 async def api_photo(request: Request) -> Response:
-    row = await photo_or_404(request)
+    row = await report_or_404(request)
     for index, rendition in enumerate(row["renditions"]):
         rendition["url"] = f"/photos/{row['id']}/renditions/{index}"
     return json_response(row)

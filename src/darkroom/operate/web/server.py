@@ -31,8 +31,10 @@ from darkroom.settings import Settings
 
 log = structlog.get_logger("darkroom.web")
 
+# img-src data:: the ThumbHash placeholder and the dominant colour's swatch are small PNGs
+# inlined in the photo page (an image runs no script; no request, no inline style).
 CSP = (
-    "default-src 'none'; img-src 'self'; style-src 'self'; script-src 'self'; "
+    "default-src 'none'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
     "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 

@@ -1,0 +1,41 @@
+// A darkroom producer (ioredis + pg): store the original, insert the row, then XADD.
+//
+//   node produce.js photo.jpg     # prints the photo id
+//
+// Settings are darkroom's own: DARKROOM_DATABASE_URL, DARKROOM_REDIS_URL, DARKROOM_STREAM,
+// DARKROOM_STORAGE_URL (a local folder, `file:PATH`; on S3, PUT the original at the same key).
+import { randomUUID } from "node:crypto";
+import { copyFile, mkdir } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
+import Redis from "ioredis";
+import pg from "pg";
+
+const env = process.env;
+const DATABASE_URL = env.DARKROOM_DATABASE_URL ?? "postgresql://postgres@127.0.0.1/darkroom";
+const REDIS_URL = env.DARKROOM_REDIS_URL ?? "redis://127.0.0.1:6379/0";
+const STREAM = env.DARKROOM_STREAM ?? "{darkroom}:photos";
+const STORAGE = (env.DARKROOM_STORAGE_URL ?? "file:./var/storage").replace(/^file:(\/\/)?/, "");
+
+async function produce(path) {
+  const photoId = randomUUID();
+  const key = `originals/${photoId}/${basename(path).replace(/[^\w.-]/g, "_")}`;
+  const target = join(STORAGE, key);
+  await mkdir(dirname(target), { recursive: true });
+  await copyFile(path, target); // 1. the original, before anything names it
+  const db = new pg.Client({ connectionString: DATABASE_URL });
+  await db.connect();
+  try { // 2. the row
+    await db.query("INSERT INTO photos (id, original_key) VALUES ($1, $2)", [photoId, key]);
+  } finally {
+    await db.end();
+  }
+  const redis = new Redis(REDIS_URL);
+  try { // 3. the entry, only after the row's commit
+    await redis.xadd(STREAM, "*", "photo_id", photoId);
+  } finally {
+    redis.disconnect();
+  }
+  return photoId;
+}
+
+for (const path of process.argv.slice(2)) console.log(await produce(path));

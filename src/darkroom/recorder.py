@@ -1,0 +1,112 @@
+"""Each delivery's row in the attempt history, as the worker lives it: inserted `running`
+once its claim commits, its stage timings and the render's peak RSS gathered meanwhile,
+finished by one UPDATE when it ends (store/history.py holds the SQL). Best effort: a
+failed write is logged, never the photo's failure nor more than one statement's delay.
+And the history's retention: batched deletes of the expired days, one worker at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import anyio
+import structlog
+
+from darkroom import metrics
+from darkroom.errors import DarkroomError
+from darkroom.queue.messages import Entry, parse_task
+from darkroom.store import db, history
+
+log = structlog.get_logger("darkroom.recorder")
+
+PRUNE_LOCK = "darkroom:history-prune"
+PRUNE_EVERY_S = 600.0
+# A batch is one short DELETE (about 60 ms for 5,000 rows here, docs/benchmarks.md); the
+# pause between batches leaves the database to the workers.
+PRUNE_BATCH = 5000
+PRUNE_PAUSE_S = 0.1
+
+
+@dataclass
+class Recorder:
+    pool: db.Pool
+    consumer: str
+    enabled: bool = True  # DARKROOM_HISTORY
+    # The deliveries in flight, by entry id; each is forgotten at its `end`.
+    attempts: dict[str, history.Attempt] = field(default_factory=dict)
+
+    def attempt(self, entry: Entry) -> history.Attempt:
+        return self.attempts.setdefault(entry.id, history.Attempt())
+
+    @contextlib.contextmanager
+    def timed(self, entry: Entry, stage: str) -> Iterator[None]:
+        """The stage's time, for the metrics and for the delivery's row (a failed one's too)."""
+        started_s = time.perf_counter()
+        try:
+            with metrics.STAGE_SECONDS.labels(stage).time():
+                yield
+        finally:
+            self.attempt(entry).add(stage, (time.perf_counter() - started_s) * 1000)
+
+    async def begin(self, entry: Entry, photo_id: uuid.UUID) -> None:
+        """The `running` row, right after the claim committed: a worker that dies from
+        here on leaves it, and the timeline shows the death."""
+        attempt = self.attempt(entry)
+        if self.enabled:
+            with _logged(entry):
+                attempt.row_id = await history.start(self.pool, photo_id, entry.id, self.consumer)
+
+    def forget(self, entry: Entry) -> None:
+        """A delivery cut short without an end (stopped before its claim was given back):
+        its row, if any, stays `running` and reads as `worker_died` once its lease is gone."""
+        self.attempts.pop(entry.id, None)
+
+    async def end(self, entry: Entry, ending: history.Ending) -> None:
+        """Finish the delivery's row, or write it whole when it has none (nothing was
+        claimed, or its insert failed). Once per delivery: the attempt is forgotten here."""
+        attempt = self.attempts.pop(entry.id, None) or history.Attempt()
+        if not self.enabled:
+            return
+        with _logged(entry):
+            if attempt.row_id is not None:
+                await history.finish(self.pool, attempt, ending)
+            else:
+                photo_id = _photo_id(entry)
+                await history.record(self.pool, photo_id, entry.id, self.consumer, attempt, ending)
+
+
+@contextlib.contextmanager
+def _logged(entry: Entry) -> Iterator[None]:
+    try:
+        yield
+    except DarkroomError as exc:
+        log.warning("attempt history not written", entry_id=entry.id, error_code=exc.code,
+                    error=str(exc))  # fmt: skip
+
+
+def _photo_id(entry: Entry) -> uuid.UUID | None:
+    """None for a malformed entry (bad_message): its row has no photo."""
+    try:
+        return parse_task(entry).photo_id
+    except DarkroomError:
+        return None
+
+
+async def prune_expired(pool: db.Pool, keep_days: float) -> int:
+    """Delete the rows older than `keep_days`, batch by batch; how many (0 when another
+    worker holds the lock)."""
+    deleted = 0
+    async with db.advisory_lock(pool, PRUNE_LOCK) as conn:
+        while conn is not None:
+            batch = await history.prune_batch(conn, keep_days, PRUNE_BATCH)
+            deleted += batch
+            if batch < PRUNE_BATCH:
+                break
+            await anyio.sleep(PRUNE_PAUSE_S)
+    if deleted:
+        log.info("attempt history pruned", rows=deleted, keep_days=keep_days)
+    return deleted

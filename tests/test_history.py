@@ -1,0 +1,126 @@
+"""The attempt history (issue 14): every delivery that reaches a worker leaves a row with its
+stage timings and outcome; a worker's death shows in the timeline; `darkroom photos show`
+and `darkroom attempts` read it; retention deletes expired rows in batches. Against the
+real servers."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+
+from darkroom import recorder
+from darkroom.store import db, history
+from tests.conftest import PHOTOS, Env
+
+IPHONE = PHOTOS / "iphone_hdr_NO.jpg"
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[db.Pool]:
+    pool = await db.connect(database_url, 2)
+    yield pool
+    await pool.close()
+
+
+def drained(file_env: Env, tmp_name: str = "broken.jpg") -> tuple[uuid.UUID, uuid.UUID]:
+    """The iPhone photo and a truncated JPEG, plus a malformed entry, through `run --drain`."""
+    broken = file_env.tmp / tmp_name
+    broken.write_bytes(IPHONE.read_bytes()[:300])
+    good, bad = file_env.ingest([IPHONE, broken])
+    file_env.redis.xadd(file_env.stream, {"photo_id": "not-a-uuid"})
+    file_env.cli("run", "--drain", DARKROOM_MAX_ATTEMPTS="1")
+    return good, bad
+
+
+def test_every_delivery_leaves_a_finished_row(file_env: Env) -> None:
+    """A published photo: one row with its four stage times and peak RSS; a corrupt one:
+    `failed` with its code; a malformed entry: a row without a photo, `bad_message`."""
+    good, bad = drained(file_env)
+    rows = file_env.query("SELECT * FROM photo_attempts ORDER BY id")
+    by_photo = {r["photo_id"]: r for r in rows}
+    published = by_photo[good]
+    assert published["outcome"] == "published" and published["lane"] == "interactive"
+    assert all(published[f"{s}_ms"] > 0 for s in history.STAGES)
+    assert published["peak_rss_mb"] > 0 and published["ended_at"] >= published["started_at"]
+    assert (by_photo[bad]["outcome"], by_photo[bad]["error_code"]) == ("failed", "corrupt_image")
+    assert by_photo[None]["error_code"] == "bad_message"
+    assert len(rows) == 3
+
+
+def test_photos_show_carries_the_facts_and_the_timeline(file_env: Env) -> None:
+    """`photos show ID --json`: camera, capture time, placeholder and one published attempt;
+    the text form names the camera and the outcome."""
+    good, _ = drained(file_env)
+    report = json.loads(file_env.cli("photos", "show", str(good), "--json").stdout)
+    facts = report["facts"]
+    assert (facts["camera_make"], facts["camera_model"]) == ("Apple", "iPhone 6")
+    assert facts["taken_at_local"].startswith("2015-04-10T20:12:23")
+    assert facts["placeholder"].startswith("data:image/png;base64,")
+    assert [a["outcome"] for a in report["attempts"]] == ["published"]
+    text = file_env.cli("photos", "show", str(good)).stdout
+    assert "Apple iPhone 6" in text and "2015-04-10 20:12:23" in text and "published" in text
+
+
+def test_attempts_searches_by_code_and_consumer(file_env: Env) -> None:
+    """`attempts --code` finds only that code's deliveries; an unknown consumer finds none."""
+    _, bad = drained(file_env)
+    found = json.loads(file_env.cli("attempts", "--code", "corrupt_image", "--json").stdout)
+    assert [r["photo_id"] for r in found] == [str(bad)]
+    since = json.loads(file_env.cli("attempts", "--since", "2000-01-01", "--json").stdout)
+    assert len(since) == 3
+    none = json.loads(file_env.cli("attempts", "--consumer", "nobody", "--json").stdout)
+    assert none == []
+
+
+async def claimed(pool: db.Pool, ms: int) -> tuple[uuid.UUID, int]:
+    photo_id = uuid.uuid4()
+    await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
+    await db.claim(pool, photo_id, "1-0", "w1", db.Lease("A", ms, 5))
+    return photo_id, await history.start(pool, photo_id, "1-0", "w1")
+
+
+async def test_a_dead_workers_delivery_shows_as_worker_died(pool: db.Pool) -> None:
+    """A `running` row is `running` while its job's lease lives and `worker_died` after."""
+    photo_id, _ = await claimed(pool, 60_000)
+    assert [a["outcome"] for a in await history.timeline(pool, photo_id)] == ["running"]
+    await pool.execute("UPDATE photo_jobs SET lease_until = now() - interval '1 s'")
+    assert [a["outcome"] for a in await history.timeline(pool, photo_id)] == ["worker_died"]
+
+
+async def test_a_reclaim_marks_the_first_delivery_dead(pool: db.Pool) -> None:
+    """Another consumer's claim of the same entry after the lease ran out: the first row is
+    `worker_died`, the new one `running`."""
+    photo_id, _ = await claimed(pool, 1)
+    await db.claim(pool, photo_id, "1-0", "w2", db.Lease("B", 60_000, 5))
+    await history.start(pool, photo_id, "1-0", "w2")
+    shown = [(a["consumer"], a["outcome"]) for a in await history.timeline(pool, photo_id)]
+    assert shown == [("w1", "worker_died"), ("w2", "running")]
+
+
+async def test_retention_deletes_only_expired_rows_in_batches(
+    pool: db.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows older than the kept days go, in several batches; younger ones stay."""
+    await pool.execute(
+        "INSERT INTO photo_attempts (entry_id, consumer, started_at, outcome)"
+        " SELECT i || '-0', 'w', now() - interval '40 days', 'published'"
+        " FROM generate_series(1, 25) i"
+    )
+    await claimed(pool, 60_000)
+    monkeypatch.setattr(recorder, "PRUNE_BATCH", 10)
+    monkeypatch.setattr(recorder, "PRUNE_PAUSE_S", 0)
+    assert await recorder.prune_expired(pool, 30) == 25
+    assert await pool.fetchval("SELECT count(*) FROM photo_attempts") == 1
+    assert await recorder.prune_expired(pool, 30) == 0
+
+
+async def test_search_filters_by_since(pool: db.Pool) -> None:
+    """`since` keeps the deliveries started at or after it, newest first."""
+    await claimed(pool, 60_000)
+    later = datetime.now(UTC).replace(year=datetime.now(UTC).year + 1)
+    assert await history.search(pool, None, later, None, 10) == []
+    assert len(await history.search(pool, None, None, None, 10)) == 1
