@@ -1,0 +1,187 @@
+"""Photo events: the outbox rows the outcome statements write, the relay to the events
+stream (CloudEvents, at least once, in order per photo), retention, against the real servers."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio
+
+from darkroom.queue.eventstream import EventStream
+from darkroom.relay import Relay
+from darkroom.store import db, outbox
+from tests.conftest import REDIS_URL
+
+FACTS = {"width": 40, "height": 30, "format": "jpeg", "bytes": 99, "camera_make": "Fuji",
+         "thumbhash": "3OcRJYB4d3h/iIeHeEh3eIhw+j2w", "dominant_color": "#336699"}  # fmt: skip
+RENDITIONS = [{"name": "thumb", "key": "renditions/x/thumb-1.webp", "format": "webp",
+               "width": 32, "height": 24, "bytes": 120}]  # fmt: skip
+SOURCE = "darkroom://test"
+
+
+@dataclass
+class Outbox:
+    url: str
+    pool: db.Pool
+    redis: Any
+    stream: EventStream
+
+    def relay(self) -> Relay:
+        return Relay(self.url, self.stream, SOURCE, keep_days=7)
+
+    async def entries(self) -> list[dict[str, Any]]:
+        rows = await self.redis.xrange(self.stream.key)
+        return [json.loads(fields["event"]) for _, fields in rows]
+
+    async def rows(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.pool.fetch("SELECT * FROM photo_events ORDER BY id")]
+
+
+@pytest.fixture
+async def box(database_url: str) -> AsyncIterator[Outbox]:
+    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    stream = EventStream(client, f"{{e{uuid.uuid4().hex[:10]}}}:events", 1000)
+    pool = await db.connect(database_url, 4)
+    yield Outbox(database_url, pool, client, stream)
+    await client.delete(stream.key)
+    await client.aclose()
+    await pool.close()
+
+
+async def claimed(pool: db.Pool, entry: str = "1-0") -> uuid.UUID:
+    photo_id = uuid.uuid4()
+    await db.insert_photo(pool, photo_id, f"originals/{photo_id}")
+    assert (await db.claim(pool, photo_id, entry, "w1")).outcome == "claimed"
+    return photo_id
+
+
+async def published(pool: db.Pool) -> uuid.UUID:
+    photo_id = await claimed(pool)
+    assert await db.publish(pool, photo_id, FACTS, json.dumps(RENDITIONS)) == []
+    return photo_id
+
+
+async def rerender_claimed(pool: db.Pool, photo_id: uuid.UUID) -> None:
+    assert await db.request_rerender(pool, [photo_id], None) == [photo_id]
+    assert (await db.claim(pool, photo_id, "2-0", "w1")).outcome == "claimed"
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 5) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if check():
+            return
+        await anyio.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+async def until_async(read: Callable[[], Awaitable[list[Any]]], count: int) -> None:
+    for _ in range(500):
+        if len(await read()) >= count:
+            return
+        await anyio.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+ENVELOPE = {"specversion", "id", "source", "type", "subject", "time", "datacontenttype", "data"}
+
+
+async def test_every_terminal_outcome_is_one_cloudevent_with_the_photo_row(box: Outbox) -> None:
+    """Published, rerendered, failed, rerender_failed: one event each, CloudEvents fields."""
+    first = await published(box.pool)
+    await rerender_claimed(box.pool, first)
+    await db.publish(box.pool, first, FACTS, json.dumps(RENDITIONS))
+    failed = await claimed(box.pool)
+    assert (
+        await db.record_failure(box.pool, failed, "1-0", "w1", "corrupt_image", "bad") == "failed"
+    )
+    await rerender_claimed(box.pool, first)
+    assert await db.record_rerender_failure(box.pool, first, "2-0", "w1", "timeout", "slow")
+    await box.relay().relay_batch(box.pool)
+    events = await box.entries()
+    assert [e["type"].rsplit(".", 1)[1] for e in events] == [
+        "published", "rerendered", "failed", "rerender_failed"]  # fmt: skip
+    assert all(set(e) == ENVELOPE and e["specversion"] == "1.0" for e in events)
+    assert len({e["id"] for e in events}) == 4 and events[0]["source"] == SOURCE
+    assert events[0]["subject"] == str(first) and events[0]["time"].endswith("Z")
+    data = events[0]["data"]
+    assert data["renditions"] == RENDITIONS and data["facts"]["camera_make"] == "Fuji"
+    assert data["facts"]["width"] == 40 and data["thumbhash"] == FACTS["thumbhash"]
+    assert data["dominant_color"] == "#336699" and data["lane"] == "interactive"
+    assert data["tenant"] == "" and "error_code" not in data
+    assert events[2]["data"]["error_code"] == "corrupt_image"
+    assert events[3]["data"]["error_code"] == "timeout" and events[3]["data"]["renditions"]
+
+
+async def test_a_rolled_back_publish_leaves_no_event_and_no_notification(box: Outbox) -> None:
+    """Never before the commit: a publish whose transaction rolls back writes nothing."""
+    photo_id = await claimed(box.pool)
+    heard: list[str] = []
+    async with outbox.listening(box.url, lambda: heard.append("wake")) as listener:
+        async with box.pool.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            await conn.fetchrow(db.PUBLISH_SQL, photo_id, 1, 1, "jpeg", 1, "[]",
+                                *[None] * len(db.FACT_COLUMNS))  # fmt: skip
+            assert await box.rows() == []  # not visible before the commit
+            await tx.rollback()
+        await anyio.sleep(0.3)
+        assert not listener.is_closed()
+    assert heard == [] and await box.rows() == []
+    assert await box.relay().relay_batch(box.pool) == []
+
+
+async def test_an_outcome_that_changes_nothing_writes_no_event(box: Outbox) -> None:
+    """A duplicate publish or a stale failure changes no state, so it reports none."""
+    photo_id = await published(box.pool)
+    assert await db.publish(box.pool, photo_id, FACTS, "[]") is None
+    assert await db.record_failure(box.pool, photo_id, "1-0", "w1", "timeout", "x") == "finished"
+    assert [r["type"] for r in await box.rows()] == ["darkroom.photo.published"]
+
+
+async def test_a_relay_killed_before_marking_sends_again_with_the_same_id(box: Outbox) -> None:
+    """At least once: XADDed but not marked (a kill in between) is sent again, same `id`."""
+    await published(box.pool)
+    pending = await outbox.unpublished(box.pool, 10)
+    await box.stream.append([json.dumps(outbox.envelope(e, SOURCE)) for e in pending])
+    await box.relay().relay_batch(box.pool)
+    ids = [e["id"] for e in await box.entries()]
+    assert len(ids) == 2 and ids[0] == ids[1] == str(pending[0].event_id)
+    assert await box.relay().relay_batch(box.pool) == []  # marked now: not sent a third time
+
+
+async def test_the_relay_wakes_on_commit_and_keeps_each_photos_order(box: Outbox) -> None:
+    """A running relay publishes within a second of the commit, in order per photo; a
+    second relay waits for the lock instead of publishing too."""
+    one, other = box.relay(), box.relay()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one.run)
+        await until(lambda: one.holding)
+        tg.start_soon(other.run)
+        photo_id = await published(box.pool)
+        committed = time.monotonic()
+        await rerender_claimed(box.pool, photo_id)
+        await db.publish(box.pool, photo_id, FACTS, json.dumps(RENDITIONS))
+        await until_async(lambda: box.entries(), 2)
+        assert time.monotonic() - committed < 1.0
+        assert not other.holding
+        tg.cancel_scope.cancel()
+    types = [e["type"] for e in await box.entries()]
+    assert types == ["darkroom.photo.published", "darkroom.photo.rerendered"]
+
+
+async def test_retention_deletes_old_published_events_and_keeps_unpublished(box: Outbox) -> None:
+    """Past DARKROOM_EVENTS_KEEP_DAYS a published event goes; an unpublished one stays."""
+    for _ in range(3):
+        await published(box.pool)
+    await box.pool.execute("UPDATE photo_events SET created_at = now() - interval '8 days'")
+    await box.pool.execute("UPDATE photo_events SET published_at = now() WHERE id < 3")
+    assert await outbox.prune(box.pool, 7 * 86400, 1) == 1
+    assert await outbox.prune(box.pool, 7 * 86400, 10) == 1
+    assert [r["id"] for r in await box.rows()] == [3]
