@@ -3,11 +3,16 @@ stream (CloudEvents, at least once, in order per photo), retention, against the 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import queue
+import subprocess
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -17,7 +22,7 @@ import redis.asyncio
 from darkroom.queue.eventstream import EventStream
 from darkroom.relay import Relay
 from darkroom.store import db, outbox
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, Env
 
 FACTS = {"width": 40, "height": 30, "format": "jpeg", "bytes": 99, "camera_make": "Fuji",
          "thumbhash": "3OcRJYB4d3h/iIeHeEh3eIhw+j2w", "dominant_color": "#336699"}  # fmt: skip
@@ -185,3 +190,49 @@ async def test_retention_deletes_old_published_events_and_keeps_unpublished(box:
     assert await outbox.prune(box.pool, 7 * 86400, 1) == 1
     assert await outbox.prune(box.pool, 7 * 86400, 10) == 1
     assert [r["id"] for r in await box.rows()] == [3]
+
+
+def publish_photos(url: str, count: int) -> list[uuid.UUID]:
+    async def go() -> list[uuid.UUID]:
+        pool = await db.connect(url, 2)
+        try:
+            return [await published(pool) for _ in range(count)]
+        finally:
+            await pool.close()
+
+    return asyncio.run(go())
+
+
+def test_events_command_replays_in_order_since_an_id_or_a_time(file_env: Env) -> None:
+    """`darkroom events` replays from PostgreSQL; --since takes an event id or a time."""
+    photos = publish_photos(file_env.database_url, 3)
+    file_env.query("UPDATE photo_events SET created_at = now() - interval '1 hour' WHERE id = 1")
+    every = [json.loads(x) for x in file_env.cli("events", "--json").stdout.splitlines()]
+    assert [e["subject"] for e in every] == [str(p) for p in photos]
+    after_first = file_env.cli("events", "--json", "--since", every[0]["id"]).stdout
+    assert [json.loads(x)["id"] for x in after_first.splitlines()] == [e["id"] for e in every[1:]]
+    half_hour_ago = (datetime.now(UTC) - timedelta(minutes=30)).isoformat()
+    from_time = file_env.cli("events", "--since", half_hour_ago).stdout.splitlines()
+    assert len(from_time) == 2 and str(photos[1]) in from_time[0]
+    assert "darkroom.photo.published" in from_time[0]
+    missing = file_env.cli("events", "--since", str(uuid.uuid4()), check=False)
+    assert missing.returncode == 2 and "no event" in missing.stderr
+
+
+def lines_of(proc: subprocess.Popen[str]) -> queue.Queue[str]:
+    """The process's stdout lines as they come (a thread reads them)."""
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stdout is not None
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []], daemon=True).start()
+    return lines
+
+
+def test_events_follow_prints_what_commits_after_it_started(file_env: Env) -> None:
+    """--follow prints the history, then each new event as it commits (LISTEN)."""
+    first = publish_photos(file_env.database_url, 1)
+    lines = lines_of(file_env.start("events", "--follow", "--json"))
+    assert json.loads(lines.get(timeout=10))["subject"] == str(first[0])
+    started = time.monotonic()
+    later = publish_photos(file_env.database_url, 2)
+    assert [json.loads(lines.get(timeout=5))["subject"] for _ in later] == [str(p) for p in later]
+    assert time.monotonic() - started < 5

@@ -23,6 +23,7 @@ from darkroom import __version__, metrics
 from darkroom.errors import DarkroomError, SettingsError, first_error
 from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
+from darkroom.operate import events as events_command
 from darkroom.operate import gc, ops, web
 from darkroom.operate.progress import Progress, parse_rate
 from darkroom.queue.messages import task_fields
@@ -140,6 +141,10 @@ SUBCOMMANDS = {
         "serve the operator's web page (settings DARKROOM_WEB_*)",
         "DARKROOM_WEB_PORT=8080 darkroom web",
     ),
+    "events": (
+        "replay photo events from PostgreSQL in order (--follow: then print new ones)",
+        "darkroom events --since 2026-12-01T09:00 --follow --json | jq .type",
+    ),
 }
 
 
@@ -204,6 +209,13 @@ def _gc_arguments(collect: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _events_arguments(events: argparse.ArgumentParser) -> None:
+    events.add_argument("--since", type=events_command.parse_since, metavar="ID|TIME",
+                        help="after this event's id, or from this ISO 8601 time (UTC)")  # fmt: skip
+    events.add_argument("--follow", action="store_true", help="keep printing new events")
+    events.add_argument("--json", action="store_true", help="one CloudEvents JSON per line")
+
+
 ARGUMENTS = {
     "ingest": _ingest_arguments,
     "enqueue": _enqueue_arguments,
@@ -214,6 +226,7 @@ ARGUMENTS = {
     "photos": _photos_arguments,
     "consumers": _consumers_arguments,
     "gc": _gc_arguments,
+    "events": _events_arguments,
 }
 
 
@@ -412,4 +425,5 @@ COMMANDS = {
     "consumers": ops.cmd_consumers,
     "gc": gc.cmd_gc,
     "web": web.cmd_web,
+    "events": events_command.cmd_events,
 }
