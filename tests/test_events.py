@@ -128,7 +128,7 @@ async def test_a_rolled_back_publish_leaves_no_event_and_no_notification(box: Ou
     """Never before the commit: a publish whose transaction rolls back writes nothing."""
     photo_id = await claimed(box.pool)
     heard: list[str] = []
-    async with outbox.listening(box.url, lambda: heard.append("wake")) as listener:
+    async with outbox.listening(box.url, lambda payload: heard.append(str(payload))) as listener:
         async with box.pool.acquire() as conn:
             tx = conn.transaction()
             await tx.start()

@@ -95,7 +95,7 @@ class Relay:
             if await outbox.prune(conn, self.keep_s, PRUNE_BATCH) < PRUNE_BATCH:
                 return
 
-    def _notified(self) -> None:
+    def _notified(self, payload: str | None) -> None:
         self._wake.set()
 
     async def flush(self) -> None:

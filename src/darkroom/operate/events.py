@@ -68,7 +68,7 @@ def line(event: outbox.Event, source: str, as_json: bool) -> str:
 async def cmd_events(settings: Settings, args: argparse.Namespace) -> int:
     wake = anyio.Event()
 
-    def notified() -> None:
+    def notified(payload: str | None) -> None:
         wake.set()
 
     async with outbox.listening(settings.database_url, notified) as conn:

@@ -104,17 +104,26 @@ async def prune(conn: Conn, keep_s: float, batch: int) -> int:
 
 
 @contextlib.asynccontextmanager
-async def listening(url: str, wake: Callable[[], None]) -> AsyncIterator[asyncpg.Connection]:
-    """A dedicated connection (not the pool's) that LISTENs: `wake` runs on each NOTIFY of
-    a commit, and when the connection is lost (a listener must then catch up)."""
+async def listening(
+    url: str, heard: Callable[[str | None], None]
+) -> AsyncIterator[asyncpg.Connection]:
+    """A dedicated connection (not the pool's) that LISTENs: `heard` gets each NOTIFY's
+    payload at its commit, and None when the connection is lost (a listener must then
+    catch up)."""
     with errors.map_exceptions(ERRORS):
         conn = await asyncpg.connect(url, timeout=10, command_timeout=30)
         try:
-            conn.add_termination_listener(lambda _conn: wake())
-            await conn.add_listener(CHANNEL, lambda *_args: wake())
+            conn.add_termination_listener(lambda _conn: heard(None))
+            await conn.add_listener(CHANNEL, lambda _c, _pid, _channel, payload: heard(payload))
             yield conn
         finally:
             conn.terminate()  # no goodbye: the server may be the reason we leave
+
+
+@translated
+async def ping(conn: Conn) -> None:
+    """A listener idle for long checks its connection is still there."""
+    await conn.fetchval("SELECT 1")
 
 
 @translated
