@@ -22,7 +22,7 @@ import redis.asyncio
 from darkroom.queue.eventstream import EventStream
 from darkroom.relay import Relay
 from darkroom.store import db, outbox
-from tests.conftest import REDIS_URL, Env
+from tests.conftest import PHOTOS, REDIS_URL, Env
 
 FACTS = {"width": 40, "height": 30, "format": "jpeg", "bytes": 99, "camera_make": "Fuji",
          "thumbhash": "3OcRJYB4d3h/iIeHeEh3eIhw+j2w", "dominant_color": "#336699"}  # fmt: skip
@@ -236,3 +236,18 @@ def test_events_follow_prints_what_commits_after_it_started(file_env: Env) -> No
     later = publish_photos(file_env.database_url, 2)
     assert [json.loads(lines.get(timeout=5))["subject"] for _ in later] == [str(p) for p in later]
     assert time.monotonic() - started < 5
+
+
+def test_a_worker_relays_its_outcomes_before_it_exits(file_env: Env) -> None:
+    """`run --drain`: a published and a failed photo are both on the events stream at exit."""
+    bad = file_env.tmp / "notes.jpg"
+    bad.write_text("not a picture")
+    good_id, bad_id = file_env.ingest([PHOTOS / "Landscape_3.jpg", bad])
+    file_env.cli("run", "--drain")
+    rows = file_env.redis.xrange(file_env.vars["DARKROOM_EVENTS_STREAM"])
+    events = {e["subject"]: e for e in (json.loads(f["event"]) for _, f in rows)}
+    assert events[str(good_id)]["type"] == "darkroom.photo.published"
+    assert events[str(good_id)]["data"]["renditions"][0]["key"].startswith("renditions/")
+    assert events[str(bad_id)]["type"] == "darkroom.photo.failed"
+    assert events[str(bad_id)]["data"]["error_code"] == "unsupported_format"
+    assert events[str(good_id)]["source"] == "darkroom://darkroom" and len(rows) == 2
