@@ -3,6 +3,7 @@ stream (CloudEvents, at least once, in order per photo), retention, against the 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import queue
@@ -19,6 +20,8 @@ import anyio
 import pytest
 import redis.asyncio
 
+from darkroom.operate import events as events_command
+from darkroom.operate.web import live
 from darkroom.queue.eventstream import EventStream
 from darkroom.relay import Relay
 from darkroom.store import db, outbox
@@ -251,3 +254,33 @@ def test_a_worker_relays_its_outcomes_before_it_exits(file_env: Env) -> None:
     assert events[str(bad_id)]["type"] == "darkroom.photo.failed"
     assert events[str(bad_id)]["data"]["error_code"] == "unsupported_format"
     assert events[str(good_id)]["source"] == "darkroom://darkroom" and len(rows) == 2
+
+
+def test_since_is_an_event_id_or_a_time_in_utc_by_default() -> None:
+    """--since takes a CloudEvents id or an ISO time (no zone: UTC); anything else is usage."""
+    event_id = uuid.uuid4()
+    assert events_command.parse_since(str(event_id)) == event_id
+    assert events_command.parse_since("2026-12-01T09:00") == datetime(2026, 12, 1, 9, tzinfo=UTC)
+    with pytest.raises(argparse.ArgumentTypeError):
+        events_command.parse_since("yesterday")
+
+
+def test_a_follower_looks_again_for_ids_skipped_by_commits_in_flight_for_a_while() -> None:
+    """Ids skipped by a later one are gaps until seen or GAP_WAIT_S old; a huge hole is not."""
+    cursor = events_command.Cursor()
+    cursor.take([1, 2, 5], now_s=0)
+    assert cursor.after == 5 and sorted(cursor.gaps) == [3, 4]
+    cursor.take([3], now_s=1)
+    assert sorted(cursor.gaps) == [4]
+    cursor.take([6 + events_command.MAX_GAP], now_s=events_command.GAP_WAIT_S + 1)
+    assert cursor.gaps == {}
+
+
+def test_a_slow_live_page_gets_one_resync_instead_of_a_backlog() -> None:
+    """A page's queue never grows past its bound: overflow becomes a single resync."""
+    page = live.Subscriber()
+    for n in range(live.QUEUE_SIZE + 3):
+        page.offer(json.dumps({"id": n}))
+    assert page.queue[0] == live.RESYNC and len(page.queue) == 3
+    assert live.frame(live.RESYNC) == "event: resync\ndata: {}\n\n"
+    assert live.frame('{"id": 1}') == 'event: photo\ndata: {"id": 1}\n\n'
