@@ -20,6 +20,7 @@ import anyio
 import pytest
 import redis.asyncio
 
+from darkroom.errors import DatabaseUnavailableError
 from darkroom.operate import events as events_command
 from darkroom.operate.web import live
 from darkroom.queue.eventstream import EventStream
@@ -284,3 +285,18 @@ def test_a_slow_live_page_gets_one_resync_instead_of_a_backlog() -> None:
     assert page.queue[0] == live.RESYNC and len(page.queue) == 3
     assert live.frame(live.RESYNC) == "event: resync\ndata: {}\n\n"
     assert live.frame('{"id": 1}') == 'event: photo\ndata: {"id": 1}\n\n'
+
+
+async def test_a_batch_sent_before_postgresql_failed_is_marked_not_sent_again(
+    box: Outbox,
+) -> None:
+    """Sent, then the mark failed (PostgreSQL went away): the next try marks it, no resend."""
+    await published(box.pool)
+    relay = box.relay()
+    async with outbox.listening(box.url, lambda payload: None) as conn:
+        await conn.execute("SET default_transaction_read_only = on")
+        with pytest.raises(DatabaseUnavailableError):
+            await relay.relay_batch(conn)
+    assert await relay.relay_batch(box.pool) == []
+    assert len(await box.entries()) == 1
+    assert all(r["published_at"] is not None for r in await box.rows())

@@ -39,6 +39,7 @@ class Relay:
         self.holding = False
         self.passes = 0  # passes finished while holding the lock (flush waits for one)
         self._wake = anyio.Event()
+        self._sent: list[int] = []  # XADDed, not yet marked
 
     async def run(self) -> None:
         """Forever (a service task): take the lock when free, then relay until a failure,
@@ -82,12 +83,19 @@ class Relay:
         self.passes += 1
 
     async def relay_batch(self, conn: outbox.Conn) -> list[str]:
-        """XADD one batch of unpublished events in id order, then mark them; entry ids."""
+        """XADD one batch of unpublished events in id order, then mark them; entry ids.
+        A batch sent but not marked (PostgreSQL failed in between) is marked first on the
+        next try, not sent again: only a kill of this process sends a batch twice."""
+        if self._sent:
+            await outbox.mark_published(conn, self._sent)
+            self._sent = []
         events = await outbox.unpublished(conn, BATCH)
         documents = [json.dumps(outbox.envelope(e, self.source)) for e in events]
         entry_ids = await self.stream.append(documents)
+        self._sent = [e.seq for e in events]
         if events:
-            await outbox.mark_published(conn, [e.seq for e in events])
+            await outbox.mark_published(conn, self._sent)
+            self._sent = []
         return entry_ids
 
     async def _prune(self, conn: outbox.Conn) -> None:
