@@ -18,6 +18,8 @@ import structlog
 from darkroom.errors import DarkroomError, DatabaseUnavailableError
 from darkroom.queue.eventstream import EventStream
 from darkroom.queue.pacing import Backoff, Throttle
+from darkroom.queue.streams import Client
+from darkroom.settings import Settings
 from darkroom.store import outbox
 
 log = structlog.get_logger("darkroom.relay")
@@ -40,6 +42,12 @@ class Relay:
         self.passes = 0  # passes finished while holding the lock (flush waits for one)
         self._wake = anyio.Event()
         self._sent: list[int] = []  # XADDed, not yet marked
+
+    @classmethod
+    def from_settings(cls, settings: Settings, client: Client) -> Relay:
+        stream = EventStream(client, settings.events_stream, settings.events_maxlen)
+        return cls(settings.database_url, stream, settings.events_source_uri,
+                   settings.events_keep_days)  # fmt: skip
 
     async def run(self) -> None:
         """Forever (a service task): take the lock when free, then relay until a failure,

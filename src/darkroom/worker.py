@@ -25,7 +25,6 @@ from darkroom.health import DEPENDENCIES, Clock, Gate, RealClock
 from darkroom.image.renderer import RenderPool
 from darkroom.jobs import Jobs
 from darkroom.queue import policy
-from darkroom.queue.eventstream import EventStream
 from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import Entry
 from darkroom.queue.pacing import Backoff, Throttle
@@ -73,9 +72,7 @@ class Worker:
         self.renderer = RenderPool.from_settings(self.settings)  # owns the render slots
         self.jobs = Jobs(self.settings, self.pool, self.streams, self.storage, self.gate,
                          self.renderer, self.stopping, self.in_flight)  # fmt: skip
-        s = self.settings
-        self.relay = Relay(s.database_url, EventStream(self.streams.client, s.events_stream,
-                           s.events_maxlen), s.events_source_uri, s.events_keep_days)  # fmt: skip
+        self.relay = Relay.from_settings(self.settings, self.streams.client)
 
     def stop(self) -> None:
         """First signal: stop reading; in-flight photos finish within the grace period."""
