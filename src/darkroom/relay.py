@@ -64,14 +64,15 @@ class Relay:
                     log.warning("event relay failed", error_code=exc.code, error=str(exc),
                                 repeats_not_logged=quiet)  # fmt: skip
                 await anyio.sleep(backoff.next_s())
+            except Exception:  # a bug must not end the worker: the relay backs off
+                log.exception("event relay failed unexpectedly")
+                await anyio.sleep(backoff.next_s())
             finally:
                 self.holding = False
 
     async def _session(self) -> None:
         async with outbox.listening(self.database_url, self._notified) as conn:
-            if not await outbox.try_lock(conn):
-                await anyio.sleep(TAKEOVER_S)
-                return
+            await self._lock(conn)
             self.holding = True
             log.info("event relay started")
             while True:
@@ -82,6 +83,13 @@ class Relay:
                     raise DatabaseUnavailableError(
                         "the relay's connection was lost", reason="connection"
                     )
+
+    async def _lock(self, conn: outbox.Conn) -> None:
+        """Wait for the relay's lock, asking on this one connection every TAKEOVER_S."""
+        while True:
+            if await outbox.try_lock(conn):
+                return
+            await anyio.sleep(TAKEOVER_S)
 
     async def _pass(self, conn: outbox.Conn) -> None:
         self._wake = anyio.Event()  # a NOTIFY from now on asks for another pass
