@@ -7,7 +7,6 @@ of the backlog; so does every page after the listener reconnects (it may have mi
 from __future__ import annotations
 
 import collections
-import contextlib
 from collections.abc import AsyncIterator
 
 import anyio
@@ -64,8 +63,12 @@ class Hub:
         """Listen until cancelled; reconnect with backoff after a loss."""
         backoff = Backoff()
         while True:
-            with contextlib.suppress(DarkroomError):
+            try:
                 await self._listen(backoff)
+            except DarkroomError as exc:
+                log.warning("live listener lost", error_code=exc.code, error=str(exc))
+            except Exception:  # a bug must not end the page: the listener backs off
+                log.exception("live listener failed unexpectedly")
             await anyio.sleep(backoff.next_s())
 
     async def _listen(self, backoff: Backoff) -> None:
