@@ -300,3 +300,25 @@ async def test_a_batch_sent_before_postgresql_failed_is_marked_not_sent_again(
     assert await relay.relay_batch(box.pool) == []
     assert len(await box.entries()) == 1
     assert all(r["published_at"] is not None for r in await box.rows())
+
+
+async def test_another_relay_takes_over_when_the_relaying_one_loses_its_connection(
+    box: Outbox,
+) -> None:
+    """The lock goes with the relay's connection: a relay (the waiting one, or the first once
+    reconnected) takes it within seconds and sends what committed meanwhile."""
+    one, other = box.relay(), box.relay()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one.run)
+        await until(lambda: one.holding)
+        tg.start_soon(other.run)
+        await anyio.sleep(0.3)
+        await box.pool.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks"
+            " WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
+        )
+        await published(box.pool)
+        await until_async(box.entries, 1)
+        assert other.holding or one.holding
+        tg.cancel_scope.cancel()
+    assert [e["type"] for e in await box.entries()] == ["darkroom.photo.published"]
