@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio
+from prometheus_client import REGISTRY
 
 from darkroom.errors import DatabaseUnavailableError
 from darkroom.operate import events as events_command
@@ -169,9 +170,11 @@ async def test_the_relay_wakes_on_commit_and_keeps_each_photos_order(box: Outbox
     """A running relay publishes within a second of the commit, in order per photo; a
     second relay waits for the lock instead of publishing too."""
     one, other = box.relay(), box.relay()
+    relayed = REGISTRY.get_sample_value("darkroom_events_relayed_total") or 0
     async with anyio.create_task_group() as tg:
         tg.start_soon(one.run)
         await until(lambda: one.holding)
+        assert REGISTRY.get_sample_value("darkroom_events_relay") == 1
         tg.start_soon(other.run)
         photo_id = await published(box.pool)
         committed = time.monotonic()
@@ -183,6 +186,7 @@ async def test_the_relay_wakes_on_commit_and_keeps_each_photos_order(box: Outbox
         tg.cancel_scope.cancel()
     types = [e["type"] for e in await box.entries()]
     assert types == ["darkroom.photo.published", "darkroom.photo.rerendered"]
+    assert REGISTRY.get_sample_value("darkroom_events_relayed_total") == relayed + 2
 
 
 async def test_retention_deletes_old_published_events_and_keeps_unpublished(box: Outbox) -> None:

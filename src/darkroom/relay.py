@@ -11,10 +11,12 @@ before waiting, so nothing committed while no one listened is left behind.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import anyio
 import structlog
 
+from darkroom import metrics
 from darkroom.errors import DarkroomError, DatabaseUnavailableError
 from darkroom.queue.eventstream import EventStream
 from darkroom.queue.pacing import Backoff, Throttle
@@ -69,11 +71,13 @@ class Relay:
                 await anyio.sleep(backoff.next_s())
             finally:
                 self.holding = False
+                metrics.EVENTS_RELAY.set(0)
 
     async def _session(self) -> None:
         async with outbox.listening(self.database_url, self._notified) as conn:
             await self._lock(conn)
             self.holding = True
+            metrics.EVENTS_RELAY.set(1)
             log.info("event relay started")
             while True:
                 await self._pass(conn)
@@ -108,6 +112,7 @@ class Relay:
         events = await outbox.unpublished(conn, BATCH)
         documents = [json.dumps(outbox.envelope(e, self.source)) for e in events]
         entry_ids = await self.stream.append(documents)
+        _observe(events)
         self._sent = [e.seq for e in events]
         if events:
             await outbox.mark_published(conn, self._sent)
@@ -132,3 +137,10 @@ class Relay:
         while self.holding and self.passes < target:
             await anyio.sleep(0.02)
             self._wake.set()
+
+
+def _observe(events: list[outbox.Event]) -> None:
+    now = datetime.now(UTC)
+    metrics.EVENTS_RELAYED.inc(len(events))
+    for event in events:
+        metrics.EVENTS_LAG_SECONDS.observe(max(0.0, (now - event.created_at).total_seconds()))
