@@ -179,3 +179,55 @@ CREATE INDEX IF NOT EXISTS photo_attempts_code_idx ON photo_attempts (error_code
     WHERE error_code IS NOT NULL;
 CREATE INDEX IF NOT EXISTS photo_attempts_consumer_idx ON photo_attempts (consumer, started_at);
 -- ---- end of issue 14 (attempt history) -----------------------------------------------------
+
+-- ---- issue 14: photo events, a transactional outbox ---------------------------------------
+-- One row per terminal outcome, inserted by the outcome's own statement (db.PUBLISH_SQL,
+-- FAIL_SQL, RERENDER_FAILED_SQL), so an event exists exactly when its state change committed.
+-- The relay (relay.py) XADDs unpublished rows in id order and sets published_at. Every
+-- statement that inserts one holds the photo's row lock from before it takes the id until its
+-- commit: a photo's events have ids in commit order. Rows older than
+-- DARKROOM_EVENTS_KEEP_DAYS are deleted in batches once published.
+CREATE TABLE IF NOT EXISTS photo_events (
+    id           bigserial   PRIMARY KEY,
+    event_id     uuid        NOT NULL UNIQUE DEFAULT gen_random_uuid(),
+    photo_id     uuid        NOT NULL,
+    type         text        NOT NULL CONSTRAINT photo_events_type_check CHECK (type IN (
+        'darkroom.photo.published', 'darkroom.photo.failed',
+        'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed')),
+    data         jsonb       NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    published_at timestamptz
+);
+-- the relay's scan: only the few rows not yet published
+CREATE INDEX IF NOT EXISTS photo_events_unpublished_idx ON photo_events (id)
+    WHERE published_at IS NULL;
+-- `darkroom events --since TIME` and the retention's batches
+CREATE INDEX IF NOT EXISTS photo_events_created_idx ON photo_events (created_at, id);
+-- An event's `data`, from the photo's row after the change ($2, $3: a failure's code and
+-- message). A new fact column is one more name in the list of facts; lane and tenant are
+-- read by name, so a database without them gives null.
+CREATE OR REPLACE FUNCTION darkroom_event_data(p photos, code text, message text)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+SELECT jsonb_build_object(
+    'photo_id', p.id,
+    'renditions', coalesce(p.renditions, '[]'::jsonb),
+    'facts', (SELECT coalesce(jsonb_object_agg(f.key, f.value), '{}'::jsonb)
+              FROM jsonb_each(to_jsonb(p)) f
+              WHERE f.value <> 'null'::jsonb AND f.key IN (
+                  'width', 'height', 'format', 'bytes', 'taken_at_local', 'taken_at',
+                  'camera_make', 'camera_model', 'lens_model', 'exposure', 'original_sha256',
+                  'has_alpha', 'frames', 'source_profile', 'latitude', 'longitude')),
+    'thumbhash', p.thumbhash,
+    'dominant_color', p.dominant_color,
+    'lane', to_jsonb(p) -> 'lane',
+    'tenant', to_jsonb(p) -> 'tenant'
+) || CASE WHEN code IS NULL THEN '{}'::jsonb
+          ELSE jsonb_build_object('error_code', code, 'error', message) END
+$$;
+-- What NOTIFY darkroom_events carries (delivered at commit): enough for a listener to
+-- choose, never the event itself (a payload is capped at 8000 bytes).
+CREATE OR REPLACE FUNCTION darkroom_event_notice(id bigint, photo_id uuid, type text)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+SELECT json_build_object('id', id, 'photo_id', photo_id, 'type', type)::text
+$$;
+-- ---- end of issue 14 ----------------------------------------------------------------------

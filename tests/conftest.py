@@ -199,6 +199,7 @@ def env_vars(
         "DARKROOM_DATABASE_URL": database_url,
         "DARKROOM_STREAM": f"{{t{tag}}}:photos",
         "DARKROOM_DEAD_LETTER_STREAM": f"{{t{tag}}}:dead",
+        "DARKROOM_EVENTS_STREAM": f"{{t{tag}}}:events",
         "DARKROOM_GROUP": "darkroom",
         "DARKROOM_CONCURRENCY": "2",
         "DARKROOM_LOG_FORMAT": "json",
@@ -211,7 +212,7 @@ def _env(tmp_path: Path, database_url: str, storage: dict[str, str]) -> Iterator
     env = Env(vars=env_vars(database_url, storage), redis=client, tmp=tmp_path)
     yield env
     env.kill_workers()
-    client.delete(env.stream, env.dead)
+    client.delete(env.stream, env.dead, env.vars["DARKROOM_EVENTS_STREAM"])
     client.close()
 
 

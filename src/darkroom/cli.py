@@ -23,6 +23,7 @@ from darkroom import __version__, metrics
 from darkroom.errors import DarkroomError, SettingsError, first_error
 from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
+from darkroom.operate import events as events_command
 from darkroom.operate import gc, history, ops, web
 from darkroom.operate.progress import Progress, parse_rate
 from darkroom.queue.messages import task_fields
@@ -147,6 +148,10 @@ SUBCOMMANDS = {
         "search the attempt history: every delivery a worker handled, newest first",
         "darkroom attempts --code render_timeout --since 2026-11-30 --limit 20 --json",
     ),
+    "events": (
+        "replay photo events from PostgreSQL in order (--follow: then print new ones)",
+        "darkroom events --since 2026-12-01T09:00 --follow --json | jq .type",
+    ),
 }
 
 
@@ -221,6 +226,13 @@ def _gc_arguments(collect: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _events_arguments(events: argparse.ArgumentParser) -> None:
+    events.add_argument("--since", type=events_command.parse_since, metavar="ID|TIME",
+                        help="after this event's id, or from this ISO 8601 time (UTC)")  # fmt: skip
+    events.add_argument("--follow", action="store_true", help="keep printing new events")
+    events.add_argument("--json", action="store_true", help="one CloudEvents JSON per line")
+
+
 ARGUMENTS = {
     "ingest": _ingest_arguments,
     "enqueue": _enqueue_arguments,
@@ -232,6 +244,7 @@ ARGUMENTS = {
     "consumers": _consumers_arguments,
     "gc": _gc_arguments,
     "attempts": _attempts_arguments,
+    "events": _events_arguments,
 }
 
 
@@ -431,4 +444,5 @@ COMMANDS = {
     "gc": gc.cmd_gc,
     "web": web.cmd_web,
     "attempts": history.cmd_attempts,
+    "events": events_command.cmd_events,
 }

@@ -51,6 +51,14 @@ SWEEP_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300),
 )
 SWEEP_SCANNED = Counter("darkroom_sweep_scanned_total", "Stale unfinished photos read by the sweep")
+# photo events (issue 14): the relay of this worker, if it holds the lock
+EVENTS_RELAYED = Counter("darkroom_events_relayed_total", "Photo events XADDed (a resend too)")
+EVENTS_LAG_SECONDS = Histogram(
+    "darkroom_events_lag_seconds",
+    "From an event's transaction start (PostgreSQL's clock) to its XADD (the worker's)",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+EVENTS_RELAY = Gauge("darkroom_events_relay", "1 while this worker relays photo events")
 
 
 Readiness = Callable[[], tuple[bool, dict[str, Any]]]

@@ -118,10 +118,21 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # -- issue 14: attempt history (docs/history.md)
     history: bool = True
     history_keep_days: float = 30.0
+    # Photo events (issue 14, docs/events.md): the capped stream the relay XADDs to, how
+    # long PostgreSQL keeps them for `darkroom events`, and their CloudEvents `source`
+    # (empty: darkroom://GROUP).
+    events_stream: str = "{darkroom}:events"
+    events_maxlen: int = 100_000
+    events_keep_days: float = 7.0
+    events_source: str = ""
 
     @property
     def bulk_stream_key(self) -> str:
         return self.bulk_stream or f"{self.stream}:bulk"
+
+    @property
+    def events_source_uri(self) -> str:
+        return self.events_source or f"darkroom://{self.group}"
 
     @property
     def in_flight_bound(self) -> int:
@@ -163,6 +174,8 @@ MINIMUMS: dict[str, float] = {
     "web_snapshot_s": 0.5,  # no setting turns the shared snapshot into a count per request
     "render_max_rss_mb": 64,  # a warm process is about 40 MB: each would be replaced
     "history_keep_days": 1.0,  # retention deletes whole days, oldest first
+    "events_maxlen": 100,  # Redis trims whole stream nodes of 100 entries
+    "events_keep_days": 0.01,  # about 15 minutes: a consumer away longer replays nothing
 }
 
 
@@ -285,6 +298,10 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "web_snapshot_s": _bounded("web_snapshot_s", float),
     "history": _boolean,
     "history_keep_days": _bounded("history_keep_days", float),
+    "events_stream": _nonempty,
+    "events_maxlen": _bounded("events_maxlen", int),
+    "events_keep_days": _bounded("events_keep_days", float),
+    "events_source": _nonempty,
 }
 
 
@@ -348,6 +365,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             " and on a Redis Cluster its keys must be in one slot)",
         )
     _check_bulk_stream(settings)
+    if settings.events_stream in (settings.stream, settings.bulk_stream_key,
+                                  settings.dead_letter_stream):  # fmt: skip
+        raise SettingsError("DARKROOM_EVENTS_STREAM", "must differ from the work and dead streams")
     return settings
 
 

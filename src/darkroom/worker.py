@@ -29,6 +29,7 @@ from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import Entry
 from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.streams import Streams
+from darkroom.relay import Relay
 from darkroom.settings import Settings
 from darkroom.store import db
 from darkroom.store.storage import Storage
@@ -36,6 +37,8 @@ from darkroom.store.storage import Storage
 log = structlog.get_logger("darkroom.worker")
 
 RECLAIM_EVERY_S = 0.5
+# A stop waits this long for the relay to publish the outcomes committed before it.
+RELAY_FLUSH_S = 5.0
 REPEAT_LOG_EVERY_S = 10.0
 DRAIN_SWEEP_TRIES = 3
 
@@ -69,6 +72,7 @@ class Worker:
         self.renderer = RenderPool.from_settings(self.settings)  # owns the render slots
         self.jobs = Jobs(self.settings, self.pool, self.streams, self.storage, self.gate,
                          self.renderer, self.stopping, self.in_flight)  # fmt: skip
+        self.relay = Relay.from_settings(self.settings, self.streams.client)
 
     def stop(self) -> None:
         """First signal: stop reading; in-flight photos finish within the grace period."""
@@ -87,6 +91,7 @@ class Worker:
             services.start_soon(self._heartbeat_loop, "renewing leases failed", self._renew_leases)
             services.start_soon(self._sweep_loop)
             services.start_soon(self._prune_loop)
+            services.start_soon(self.relay.run)
             async with anyio.create_task_group() as jobs:
                 await self._intake(jobs, drain)
                 with anyio.move_on_after(self.settings.shutdown_grace_s):
@@ -94,6 +99,8 @@ class Worker:
                 if self.in_flight:
                     log.warning("grace period over; left pending", entries=self.in_flight.ids())
                 jobs.cancel_scope.cancel()
+            with anyio.move_on_after(RELAY_FLUSH_S):  # after the last outcome committed
+                await self.relay.flush()
             services.cancel_scope.cancel()
 
     # -- intake ---------------------------------------------------------------------------

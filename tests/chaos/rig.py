@@ -34,6 +34,7 @@ from tests.faults import DenyingS3Proxy
 
 BUCKET, PREFIX = "chaos", "photos/"
 STREAM, DEAD, GROUP = "{darkroom}:photos", "{darkroom}:dead", "darkroom"
+EVENTS = "{darkroom}:events"
 
 
 def wait_until(probe: Callable[[], object], what: str, timeout: float = 30.0) -> None:
@@ -355,6 +356,7 @@ class Rig:
             else f"http://127.0.0.1:{self.s3_proxy.port}",
             "DARKROOM_STREAM": STREAM,
             "DARKROOM_DEAD_LETTER_STREAM": DEAD,
+            "DARKROOM_EVENTS_STREAM": EVENTS,
             "DARKROOM_GROUP": GROUP,
             "DARKROOM_LOG_FORMAT": "json",
         } | self.settings  # fmt: skip

@@ -21,7 +21,7 @@ import botocore.exceptions
 import pytest
 
 from tests.chaos import failover
-from tests.chaos.rig import BUCKET, DEAD, PREFIX, STREAM, Rig
+from tests.chaos.rig import BUCKET, DEAD, EVENTS, PREFIX, STREAM, Rig
 from tests.conftest import PHOTOS
 from tests.malformed import SHAPES
 
@@ -243,6 +243,35 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
         yield rig
 
 
+OUTCOME_EVENT = {
+    "processed": ["darkroom.photo.published"],
+    "processing_failed": ["darkroom.photo.failed"],
+}
+
+
+def event_checks(rows: dict[str, Any], outbox: list[dict[str, Any]], relayed: list[Any],
+                 restart: float) -> dict[str, list[Any]]:  # fmt: skip
+    """Every terminal photo has exactly one event of its outcome; every stream entry is a
+    committed event (none before its commit); after the drain none is unpublished, and every
+    one committed after the Redis wipe is on the stream (after dedupe on `id`, once)."""
+    by_photo: dict[str, list[str]] = {}
+    for event in outbox:
+        by_photo.setdefault(event["photo_id"], []).append(event["type"])
+    committed, on_stream = {e["id"] for e in outbox}, {e["id"] for e in relayed}
+    subjects = Counter(e["subject"] for e in {e["id"]: e for e in relayed}.values())
+    return {
+        "terminal photos without exactly one event of their outcome": [
+            i for i, x in rows.items() if by_photo.get(i, []) != OUTCOME_EVENT.get(x["state"], [])],
+        "stream events that were never committed": sorted(on_stream - committed),
+        "events never published": [e["id"] for e in outbox if e["published_at"] is None],
+        "events committed after the Redis wipe missing from the stream": [
+            e["id"] for e in outbox
+            if e["created_at"].timestamp() > restart and e["id"] not in on_stream],
+        "photos with two events on the stream after dedupe on id": [
+            i for i, n in subjects.items() if n > 1],
+    }  # fmt: skip
+
+
 @pytest.mark.chaos
 @pytest.mark.timeout(1200)
 def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
@@ -269,6 +298,9 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
         " FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id")}  # fmt: skip
     with rig.redis() as client:
         every_letter = [fields for _, fields in client.xrange(DEAD)]
+        relayed = [json.loads(fields["event"]) for _, fields in client.xrange(EVENTS)]
+    outbox = rig.query("SELECT event_id::text AS id, photo_id::text, type, created_at,"
+                       " published_at FROM photo_events ORDER BY id")  # fmt: skip
     letters = [x for x in every_letter if x.get("source_id") not in chaos.malformed]
     bad = Counter((x["source_id"], x["error_code"], x["field_count"]) for x in every_letter
                   if x.get("source_id") in chaos.malformed)  # fmt: skip
@@ -305,6 +337,8 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
         "longest_gap_between_entries_done_s": round(max((b - a for a, b in pairwise(done)),
                                                         default=0), 2),
         "failovers": failover_figures(chaos.faults, records),
+        "events": {"in_postgresql": len(outbox), "stream_entries": len(relayed),
+                   "sent_again": len(relayed) - len({e["id"] for e in relayed})},
         "chaos_window_s": round(window_s, 1), "wall_s": round(time.monotonic() - started, 1),
         "logs": str(rig.logs),
     }  # fmt: skip
@@ -330,7 +364,7 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
     ok = {("processed", "published"), ("processing_failed", "unpublished")}
     slowdown = figures["failovers"].get("s3_slowdown", {})
     published = Counter(x.get("photo_id") for x in records if x.get("outcome") == "published")
-    checks = {
+    checks = event_checks(rows, outbox, relayed, restart) | {
         "rig: fault kinds never injected": sorted(FAULT_KINDS - set(faults)),
         "photos lost (not terminal)": [i for i in expected if (rows.get(i, {}).get("state"),
                                        rows.get(i, {}).get("visibility")) not in ok],

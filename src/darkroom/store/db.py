@@ -265,7 +265,7 @@ def _claim_of(photo_id: uuid.UUID, row: Any) -> Claim:
 # (the caller deletes the keys it no longer references, after the commit).
 PUBLISH_SQL = """
 WITH old AS (
-    SELECT id, renditions FROM photos WHERE id = $1 FOR UPDATE
+    SELECT id, renditions, processing_state AS was FROM photos WHERE id = $1 FOR UPDATE
 ), photo AS (
     UPDATE photos SET processing_state = 'processed',
         visibility = CASE WHEN processing_state = 'processed' THEN visibility
@@ -284,11 +284,19 @@ WITH old AS (
     WHERE photos.id = old.id
       AND (processing_state = 'processing'
            OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
-    RETURNING photos.id, old.renditions AS replaced
+    RETURNING photos.id, old.renditions AS replaced, old.was,
+              photos AS changed
 ), job AS (
     UPDATE photo_jobs SET state = 'done', error_code = NULL, last_error = NULL,
         next_retry_at = NULL, transient_since = NULL, finished_at = now(), updated_at = now()
     WHERE photo_id IN (SELECT id FROM photo) AND type = 'process'
+), event AS (
+    INSERT INTO photo_events (photo_id, type, data)
+    SELECT id, CASE WHEN was = 'processed' THEN 'darkroom.photo.rerendered'
+                    ELSE 'darkroom.photo.published' END,
+           darkroom_event_data(changed, NULL, NULL)
+    FROM photo
+    RETURNING pg_notify('darkroom_events', darkroom_event_notice(id, photo_id, type))
 )
 SELECT count(*) AS published, min(replaced::text) AS replaced FROM photo
 """
@@ -409,6 +417,12 @@ WITH p AS (
     UPDATE photos SET processing_state = 'processing_failed', error_code = $2,
         updated_at = now(), last_activity_at = now()
     WHERE id IN (SELECT photo_id FROM job)
+    RETURNING photos AS changed
+), event AS (
+    INSERT INTO photo_events (photo_id, type, data)
+    SELECT (changed).id, 'darkroom.photo.failed', darkroom_event_data(changed, $2, $3)
+    FROM photo
+    RETURNING pg_notify('darkroom_events', darkroom_event_notice(id, photo_id, type))
 )
 SELECT CASE
     WHEN EXISTS (SELECT 1 FROM job) THEN 'failed'
@@ -439,13 +453,25 @@ async def record_failure(
 # code and message; the photo keeps its renditions, state and request (nothing else moves).
 # Only by the delivery that owns the job, as FAIL_SQL.
 RERENDER_FAILED_SQL = """
+WITH p AS (
+    -- the photo first, as every statement that writes an event (its order per photo)
+    SELECT id, processing_state, rerender_requested_at, photos AS photo
+    FROM photos WHERE id = $1 FOR UPDATE
+), job AS (
 UPDATE photo_jobs j SET state = 'failed', error_code = $2, last_error = $3,
     next_retry_at = NULL, transient_since = NULL, finished_at = now(), updated_at = now()
-FROM photos p
+FROM p
 WHERE j.photo_id = $1 AND j.type = 'process' AND j.stream_entry = $4 AND j.state = 'active'
   AND j.consumer = $5
   AND p.id = $1 AND p.processing_state = 'processed' AND p.rerender_requested_at IS NOT NULL
 RETURNING j.photo_id
+), event AS (
+    INSERT INTO photo_events (photo_id, type, data)
+    SELECT p.id, 'darkroom.photo.rerender_failed', darkroom_event_data(p.photo, $2, $3)
+    FROM p WHERE p.id IN (SELECT photo_id FROM job)
+    RETURNING pg_notify('darkroom_events', darkroom_event_notice(id, photo_id, type))
+)
+SELECT photo_id FROM job
 """
 
 

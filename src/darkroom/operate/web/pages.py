@@ -52,7 +52,8 @@ async def overview(request: Request) -> Response:
         "per_hour": chart.svg(report["throughput"]["per_hour"], "hour",
                               "Photos finished per hour, last day"),
     }  # fmt: skip
-    return render(request, "overview.html", report=report, charts=charts)
+    settle_ms = int(deps(request).settings.web_snapshot_s * 1000) + 100  # refresh.js
+    return render(request, "overview.html", report=report, charts=charts, settle_ms=settle_ms)
 
 
 async def api_status(request: Request) -> Response:

@@ -8,7 +8,7 @@ import ipaddress
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 
 import anyio
@@ -21,7 +21,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from darkroom.errors import DarkroomError
-from darkroom.operate.web import actions, pages
+from darkroom.operate.web import actions, live, pages
 from darkroom.operate.web.auth import Auth
 from darkroom.operate.web.downloads import Slots
 from darkroom.operate.web.render import HERE, Deps, on_dependency_error, on_http_error
@@ -56,8 +56,9 @@ async def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=settings.web_host,
         port=settings.web_port,
         log_config=None,  # darkroom's own JSON lines (AccessLog); uvicorn's errors still show
@@ -66,7 +67,7 @@ async def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
     )
     log.info("web started", host=settings.web_host, port=settings.web_port,
              read_only=settings.web_token is None)  # fmt: skip
-    if not await serve_until_signalled(QuietServer(config)):
+    if not await serve_until_signalled(QuietServer(config), app.state.live.close):
         print(f"darkroom: web: cannot serve on {settings.web_host}:{settings.web_port}",
               file=sys.stderr)  # fmt: skip
         return 1
@@ -79,15 +80,18 @@ class QuietServer(uvicorn.Server):
         yield  # darkroom handles SIGTERM/SIGINT itself: finish requests, exit 0, as the worker
 
 
-async def serve_until_signalled(server: uvicorn.Server) -> bool:
+async def serve_until_signalled(
+    server: uvicorn.Server, on_stop: Callable[[], None] = lambda: None
+) -> bool:
     """Serve until SIGTERM/SIGINT; False if the server could not start (uvicorn logged why:
-    the port is taken, say)."""
+    the port is taken, say). `on_stop` ends the streams that never end by themselves."""
     async with anyio.create_task_group() as tg:
 
         async def stop_on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
                     server.should_exit = True
+                    on_stop()
                     return
 
         tg.start_soon(stop_on_signal)
@@ -103,19 +107,26 @@ async def serve_until_signalled(server: uvicorn.Server) -> bool:
 def create_app(settings: Settings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with services(settings, 4) as (pool, streams), storage_for(settings) as storage:
+        async with (
+            services(settings, 4) as (pool, streams),
+            storage_for(settings) as storage,
+            anyio.create_task_group() as listener,
+        ):
+            listener.start_soon(app.state.live.run)
             overview = Snapshot(
                 partial(pages.overview_data, pool, streams), settings.web_snapshot_s
             )
             app.state.deps = Deps(settings, pool, streams, storage, Auth(settings.web_token),
                                   overview, Slots(settings.web_downloads))  # fmt: skip
             yield
+            listener.cancel_scope.cancel()
 
     app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
         exception_handlers={HTTPException: on_http_error, DarkroomError: on_dependency_error},
     )
+    app.state.live = live.Hub(settings.database_url)
     app.add_middleware(SecurityHeaders)
     app.add_middleware(AccessLog)
     return app
@@ -186,6 +197,7 @@ ROUTES = [
     Route("/logout", actions.logout, methods=["POST"]),
     Route("/metrics", pages.queue_metrics),
     Route("/livez", pages.livez),
+    Route("/live", live.live),
     Route("/favicon.ico", pages.favicon),
     Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
 ]

@@ -1,0 +1,153 @@
+"""The photo events outbox in PostgreSQL (photo_events, schema.sql issue 14): its queries, the
+dedicated LISTEN connection, and the CloudEvents 1.0 envelope of a row. The rows are written
+by the outcome statements themselves (db.PUBLISH_SQL, FAIL_SQL, RERENDER_FAILED_SQL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from darkroom import errors
+from darkroom.store.db import ERRORS, translated
+
+CHANNEL = "darkroom_events"
+RELAY_LOCK = "darkroom:relay"
+
+Conn = Any  # an asyncpg connection (dedicated or pooled) or pool: each has fetch/execute
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int  # photo_events.id: the order of publication
+    event_id: uuid.UUID
+    photo_id: uuid.UUID
+    type: str
+    data: dict[str, Any]
+    created_at: datetime
+
+
+COLUMNS = "id, event_id, photo_id, type, data::text AS data, created_at"
+# Served by photo_events_unpublished_idx: the cost is the backlog of unpublished rows.
+UNPUBLISHED_SQL = f"""
+SELECT {COLUMNS} FROM photo_events WHERE published_at IS NULL ORDER BY id LIMIT $1
+"""
+MARK_SQL = "UPDATE photo_events SET published_at = now() WHERE id = ANY($1::bigint[])"
+AFTER_SQL = f"SELECT {COLUMNS} FROM photo_events WHERE id > $1 ORDER BY id LIMIT $2"
+BY_IDS_SQL = f"SELECT {COLUMNS} FROM photo_events WHERE id = ANY($1::bigint[]) ORDER BY id"
+SEQ_OF_SQL = "SELECT id FROM photo_events WHERE event_id = $1"
+# The last row before a time (photo_events_created_idx): a replay from a time starts after it.
+BEFORE_TIME_SQL = """
+SELECT coalesce((SELECT id FROM photo_events WHERE created_at < $1
+                 ORDER BY created_at DESC, id DESC LIMIT 1), 0)
+"""
+# One bounded batch of published rows past retention (photo_events_created_idx). A row not
+# yet published is kept whatever its age: Redis has not seen it.
+PRUNE_SQL = """
+DELETE FROM photo_events WHERE id IN (
+    SELECT id FROM photo_events
+    WHERE created_at < now() - make_interval(secs => $1) AND published_at IS NOT NULL
+    ORDER BY created_at, id LIMIT $2)
+"""
+
+
+def _event(row: Any) -> Event:
+    return Event(row["id"], row["event_id"], row["photo_id"], row["type"],
+                 json.loads(row["data"]), row["created_at"])  # fmt: skip
+
+
+@translated
+async def unpublished(conn: Conn, limit: int) -> list[Event]:
+    return [_event(row) for row in await conn.fetch(UNPUBLISHED_SQL, limit)]
+
+
+@translated
+async def mark_published(conn: Conn, seqs: list[int]) -> None:
+    await conn.execute(MARK_SQL, seqs)
+
+
+@translated
+async def after(conn: Conn, seq: int, limit: int) -> list[Event]:
+    return [_event(row) for row in await conn.fetch(AFTER_SQL, seq, limit)]
+
+
+@translated
+async def by_seqs(conn: Conn, seqs: list[int]) -> list[Event]:
+    return [_event(row) for row in await conn.fetch(BY_IDS_SQL, seqs)]
+
+
+@translated
+async def seq_of(conn: Conn, event_id: uuid.UUID) -> int | None:
+    """The row of a CloudEvents id; None once retention deleted it (or it never was)."""
+    seq: int | None = await conn.fetchval(SEQ_OF_SQL, event_id)
+    return seq
+
+
+@translated
+async def seq_before(conn: Conn, at: datetime) -> int:
+    seq: int = await conn.fetchval(BEFORE_TIME_SQL, at)
+    return seq
+
+
+@translated
+async def prune(conn: Conn, keep_s: float, batch: int) -> int:
+    """Delete one batch past retention; the number deleted."""
+    status: str = await conn.execute(PRUNE_SQL, keep_s, batch)
+    return int(status.rsplit(" ", 1)[-1])
+
+
+@contextlib.asynccontextmanager
+async def listening(
+    url: str, heard: Callable[[str | None], None]
+) -> AsyncIterator[asyncpg.Connection]:
+    """A dedicated connection (not the pool's) that LISTENs: `heard` gets each NOTIFY's
+    payload at its commit, and None when the connection is lost (a listener must then
+    catch up)."""
+    with errors.map_exceptions(ERRORS):
+        conn = await asyncpg.connect(url, timeout=10, command_timeout=30)
+        try:
+            conn.add_termination_listener(lambda _conn: heard(None))
+            await conn.add_listener(CHANNEL, lambda _c, _pid, _channel, payload: heard(payload))
+            yield conn
+        finally:
+            conn.terminate()  # no goodbye: the server may be the reason we leave
+
+
+@translated
+async def ping(conn: Conn) -> None:
+    """A listener idle for long checks its connection is still there."""
+    await conn.fetchval("SELECT 1")
+
+
+@translated
+async def try_lock(conn: Conn) -> bool:
+    """The relay's session lock; it goes with the connection (a dead relay's included)."""
+    return bool(await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", RELAY_LOCK))
+
+
+def notice(payload: str) -> dict[str, Any]:
+    """A NOTIFY payload (schema.sql darkroom_event_notice): id, photo_id, type."""
+    decoded: dict[str, Any] = json.loads(payload)
+    return decoded
+
+
+def envelope(event: Event, source: str) -> dict[str, Any]:
+    """Pure: the CloudEvents 1.0 structured form; `id` is the row's uuid, stable across
+    every republication, `time` the committing transaction's clock."""
+    return {
+        "specversion": "1.0",
+        "id": str(event.event_id),
+        "source": source,
+        "type": event.type,
+        "subject": str(event.photo_id),
+        "time": event.created_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+        "datacontenttype": "application/json",
+        "data": event.data,
+    }
