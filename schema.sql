@@ -148,3 +148,15 @@ BEGIN
 EXCEPTION WHEN duplicate_object THEN NULL;
 END $$;
 -- ---- end of issue 13 ----------------------------------------------------------------------
+
+-- ---- issue 16: HDR originals ----------------------------------------------------------------
+-- hdr: what an HDR display could show of the original (docs/hdr.md): 'gainmap' (an Ultra HDR
+-- or ISO 21496-1 JPEG, whose JPEG renditions carry the map; a HEIC/AVIF gain map, shown as
+-- its SDR base), 'pq' or 'hlg' (an HDR transfer without a map, rendered to SDR); NULL = SDR.
+ALTER TABLE photos ADD COLUMN IF NOT EXISTS hdr text;
+DO $$
+BEGIN
+    ALTER TABLE photos ADD CONSTRAINT photos_hdr_check CHECK (hdr IN ('gainmap', 'pq', 'hlg'));
+EXCEPTION WHEN duplicate_object THEN NULL;
+END $$;
+-- ---- end of issue 16 ----------------------------------------------------------------------

@@ -1,0 +1,213 @@
+"""HDR originals (issue 16): gain-map JPEGs give JPEG renditions with their gain map, every
+other format the SDR base; the `hdr` fact; hostile gain maps fall back or fail alone."""
+
+from __future__ import annotations
+
+import struct
+from functools import cache
+from pathlib import Path
+
+import pytest
+import pyvips
+
+from darkroom.errors import ImageTooLargeError
+from darkroom.image import exif, gainmap, isobmff
+from darkroom.image.pipeline import RenderResult, render
+from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
+from tests import hdrcraft
+from tests.conftest import PHOTOS, Env
+from tests.heifcraft import Item, Tile, box, coded, heif
+from tests.imagecheck import mean_abs_diff
+
+SPECS = parse_renditions(DEFAULT_RENDITIONS + ",small:320:jpeg:82")
+MAX_PIXELS = Settings().max_pixels
+# (photo, map scale): a phone's quarter-size map, a Lightroom-style full-size one, a photo
+# with an Adobe RGB profile, one with GPS in its EXIF, one turned by EXIF orientation 6
+SET = [("Landscape_1.jpg", 4), ("Landscape_2.jpg", 1), ("jpg-24bit-icc-adobe-rgb.jpg", 2),
+       ("iphone_hdr_NO.jpg", 4), ("Landscape_6.jpg", 4)]  # fmt: skip
+
+
+@cache
+def original(name: str, scale: int) -> bytes:
+    return hdrcraft.ultra_hdr((PHOTOS / name).read_bytes(), scale=scale)
+
+
+@cache
+def rendered(name: str, scale: int) -> RenderResult:
+    return render(original(name, scale), SPECS, MAX_PIXELS)
+
+
+def boost(data: bytes) -> list[float]:
+    return list(pyvips.Image.new_from_buffer(data, "").get("gainmap-max-content-boost"))
+
+
+@pytest.mark.parametrize(("name", "scale"), SET)
+def test_jpeg_renditions_carry_the_gain_map_at_their_aspect(name: str, scale: int) -> None:
+    """Every JPEG rendition reads back as Ultra HDR: a map of its aspect ratio (±1 px) and
+    the original's content boost; the fact says `gainmap`."""
+    result = rendered(name, scale)
+    assert result.facts.hdr == "gainmap"
+    for out in (r for r in result.renditions if r.format == "jpeg"):
+        assert hdrcraft.loader(out.data) == "uhdrload_buffer", out.name
+        assert boost(out.data) == pytest.approx(boost(original(name, scale)))
+        gain = hdrcraft.map_of(out.data)
+        assert abs(gain.height - gain.width * out.height / out.width) <= 1, (out.name, gain)
+        assert gain.width <= out.width
+
+
+@pytest.mark.parametrize(("name", "scale"), SET[:2])
+def test_other_formats_keep_the_sdr_base_alone(name: str, scale: int) -> None:
+    """WebP (no gain map in the format) and AVIF renditions carry no map."""
+    result = render(original(name, scale), parse_renditions("w:512:webp,a:512:avif:50"), 10**9)
+    for out in result.renditions:
+        assert not gainmap.fields(pyvips.Image.new_from_buffer(out.data, "")), out.format
+
+
+def test_sdr_base_looks_as_todays() -> None:
+    """The rendition's base is today's rendition of the same JPEG read without its map."""
+    uhdr = original("Landscape_1.jpg", 4)
+    plain = render(uhdr[: hdrcraft.secondary_at(uhdr)], SPECS, MAX_PIXELS)
+    assert plain.facts.hdr is None
+    ours_all = rendered("Landscape_1.jpg", 4).renditions
+    for ours, todays in zip(ours_all, plain.renditions, strict=True):
+        assert mean_abs_diff(ours.data, todays.data) < 1.0, ours.name
+
+
+def test_no_location_or_camera_leaks_through_the_gain_map_container() -> None:
+    """The original's GPS and camera are in neither the base nor the map: no XMP at all, and
+    the EXIF libvips writes for uhdrsave holds no capture fact."""
+    assert b"GPS" in original("iphone_hdr_NO.jpg", 4)
+    for out in (r for r in rendered("iphone_hdr_NO.jpg", 4).renditions if r.format == "jpeg"):
+        assert b"GPS" not in out.data and b"Apple" not in out.data and b"<x:xmpmeta" not in out.data
+        for part in (out.data, out.data[hdrcraft.secondary_at(out.data) :]):
+            image = pyvips.Image.new_from_buffer(part, "")
+            assert not image.get_typeof("xmp-data") and not image.get_typeof("iptc-data")
+            if image.get_typeof("exif-data"):
+                assert exif.read(bytes(image.get("exif-data"))) == exif.Capture()
+
+
+def test_jpeg_without_gain_map_has_no_hdr_fact() -> None:
+    """A plain JPEG renders as before: no map, `hdr` null."""
+    result = render((PHOTOS / "Landscape_1.jpg").read_bytes(), SPECS, MAX_PIXELS)
+    assert result.facts.hdr is None
+    assert all(hdrcraft.loader(r.data) != "uhdrload_buffer" for r in result.renditions)
+
+
+def _assert_sdr_fallback(data: bytes) -> None:
+    result = render(data, SPECS, MAX_PIXELS)
+    assert result.facts.hdr is None
+    assert all(hdrcraft.loader(r.data) != "uhdrload_buffer" for r in result.renditions)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"max_content_boost": [1e30] * 3}, {"hdr_capacity_max": 1e9},
+     {"gamma": [100.0] * 3}],
+    ids=["absurd-boost", "absurd-headroom", "absurd-gamma"],
+)  # fmt: skip
+def test_absurd_gain_map_values_fall_back_to_the_sdr_base(values: dict[str, object]) -> None:
+    """A map whose values no photo has is dropped: SDR renditions, no fact, no failure."""
+    _assert_sdr_fallback(hdrcraft.resaved(original("Landscape_1.jpg", 4), **values))
+
+
+def test_gain_map_of_the_wrong_shape_falls_back_to_the_sdr_base() -> None:
+    """A map that does not cover its base (another aspect ratio) is dropped."""
+    wrong = pyvips.Image.black(37, 400).cast("uchar")
+    _assert_sdr_fallback(hdrcraft.resaved(original("Landscape_1.jpg", 4), gainmap=wrong))
+
+
+def test_truncated_gain_map_falls_back_to_the_sdr_base() -> None:
+    """A file cut inside its gain map renders its complete base as SDR."""
+    uhdr = original("Landscape_1.jpg", 4)
+    start = hdrcraft.secondary_at(uhdr)
+    _assert_sdr_fallback(uhdr[: start + (len(uhdr) - start) // 2])
+
+
+def test_unknown_gain_map_version_is_ignored() -> None:
+    """An ISO 21496-1 map whose minimum version is not 0 is ignored, as the spec requires."""
+    uhdr = original("Landscape_1.jpg", 4)
+    at = uhdr.index(b"urn:iso:std:iso:ts:21496:-1\0", hdrcraft.secondary_at(uhdr)) + 28
+    _assert_sdr_fallback(uhdr[:at] + b"\x00\x05" + uhdr[at + 2 :])
+
+
+def test_pixel_budget_counts_the_gain_map() -> None:
+    """A budget the base fits but base plus map does not refuses the photo."""
+    uhdr = original("Landscape_2.jpg", 1)  # 1800×1200 with a full-size map
+    render(uhdr, SPECS, 1800 * 1200 * 2)
+    with pytest.raises(ImageTooLargeError, match="gain map"):
+        render(uhdr, SPECS, 1800 * 1200 + 1000)
+
+
+GOOD = [4.0] * 3 + [1.0] * 3 + [1.0] * 3 + [0.015625] * 6 + [1.0, 4.0]
+
+
+@pytest.mark.parametrize(
+    ("at", "value", "ok"),
+    [(0, 4.0, True), (0, 0.5, False), (0, float("nan"), False), (6, -1.0, False),
+     (9, 2.0, False), (16, 0.5, False), (16, 2.0**17, False)],
+    ids=["valid", "max-under-min", "nan", "negative-gamma", "big-offset", "headroom-under-1",
+         "headroom-over-16-stops"],
+)  # fmt: skip
+def test_plausible_values_are_a_photos(at: int, value: float, ok: bool) -> None:
+    """ISO 21496-1 values beyond any photo's make the map unusable; a real set passes."""
+    assert gainmap.plausible([*GOOD[:at], value, *GOOD[at + 1 :]]) is ok
+
+
+@pytest.mark.parametrize(
+    ("size", "ok"),
+    [((450, 300), True), ((1800, 1200), True), ((451, 300), True), ((450, 302), False),
+     ((100, 67), False), ((1801, 1200), False), ((0, 0), False)],
+)  # fmt: skip
+def test_map_fits_its_base_only_at_its_aspect(size: tuple[int, int], ok: bool) -> None:
+    """A map covers an 1800×1200 base at one aspect ratio (±1 px), 1 to 16 times smaller."""
+    assert gainmap.fits(1800, 1200, *size) is ok
+
+
+# --- HEIF and AVIF: the fact, the SDR base ------------------------------------------------
+
+
+def test_apple_heic_gain_map_gives_the_fact_and_the_sdr_base() -> None:
+    """An iPhone HEIC with Apple's HDR gain map: `gainmap`, renditions as before."""
+    result = render((PHOTOS / "iphone_13_pro_max.HEIC").read_bytes(), SPECS, MAX_PIXELS)
+    assert result.facts.hdr == "gainmap"
+    assert all(hdrcraft.loader(r.data) != "uhdrload_buffer" for r in result.renditions)
+
+
+@cache
+def avif_tile() -> Tile:
+    image = pyvips.Image.black(64, 48, bands=3) + 128
+    return Tile(bytes(image.cast("uchar").heifsave_buffer(compression="av1", Q=50)))
+
+
+def nclx(transfer: int) -> bytes:
+    return box(b"colr", b"nclx" + struct.pack(">HHHB", 9, transfer, 9, 0x80))
+
+
+@pytest.mark.parametrize(("transfer", "fact"), [(16, "pq"), (18, "hlg"), (13, None)])
+def test_avif_transfer_gives_the_fact(transfer: int, fact: str | None) -> None:
+    """An AVIF tagged PQ or HLG (no gain map) says so and still renders to SDR."""
+    data = heif(b"avif", [coded(avif_tile(), 1, [(nclx(transfer), False)])], [])
+    result = render(data, parse_renditions("w:64:webp"), MAX_PIXELS)
+    assert result.facts.hdr == fact
+
+
+@pytest.mark.parametrize(("payload", "fact"), [(b"\x00\x00\x00\x00\x00" + b"\0" * 40, "gainmap"),
+                                               (b"\x00\x00\x01\x00\x01" + b"\0" * 40, None),
+                                               (b"\x01" + b"\0" * 44, None)])  # fmt: skip
+def test_avif_tmap_of_a_known_version_gives_the_fact(payload: bytes, fact: str | None) -> None:
+    """An AVIF `tmap` (ISO 21496-1) of version 0 says `gainmap`; unknown versions are ignored."""
+    tile = avif_tile()
+    data = heif(b"avif", [coded(tile, 1), Item(2, b"tmap", payload, hidden=True)],
+                [(b"dimg", 2, [1])])  # fmt: skip
+    assert gainmap.of_heif(data, isobmff.check(data)) == fact
+
+
+def test_hdr_fact_reaches_the_photos_row(file_env: Env, tmp_path: Path) -> None:
+    """Through the real worker: `photos.hdr` is `gainmap` for a gain-map JPEG, null for SDR."""
+    path = tmp_path / "uhdr.jpg"
+    path.write_bytes(original("Landscape_1.jpg", 4))
+    ids = file_env.ingest([path, PHOTOS / "Landscape_2.jpg"])
+    file_env.cli("run", "--drain")
+    rows = {r["id"]: r for r in file_env.query("SELECT id, hdr, processing_state FROM photos")}
+    assert [rows[i]["hdr"] for i in ids] == ["gainmap", None]
+    assert {r["processing_state"] for r in rows.values()} == {"processed"}
