@@ -18,6 +18,7 @@ GAINMAP, PQ, HLG = "gainmap", "pq", "hlg"
 KEEP_GAINMAP = 32  # ForeignKeep.GAINMAP: the map and its ISO 21496-1 fields, no other metadata
 MAX_STOPS = 16.0  # a content boost or headroom beyond 2^16 is no photo's: the map is dropped
 MAX_SCALE = 16  # the base may be at most this many times the gain map's size on a side
+MAP_SCALE = 4  # a rendition's map is at most a quarter of its side, as phones write theirs
 
 # the ISO 21496-1 values uhdrsave writes back: three channels each, then two headrooms
 _CHANNELS = ("max-content-boost", "min-content-boost", "gamma", "offset-sdr", "offset-hdr")
@@ -115,7 +116,20 @@ def bare(image: pyvips.Image) -> pyvips.Image:
 
 def save_jpeg(image: pyvips.Image, quality: int) -> bytes:
     """An Ultra HDR JPEG: the SDR base, its gain map and ISO 21496-1 fields, nothing else."""
-    return bytes(bare(image).uhdrsave_buffer(Q=quality, keep=KEEP_GAINMAP))
+    return bytes(bare(capped(image)).uhdrsave_buffer(Q=quality, keep=KEEP_GAINMAP))
+
+
+def capped(image: pyvips.Image) -> pyvips.Image:
+    """The image with a gain map of at most 1/MAP_SCALE of its side: a map is smooth, and a
+    full-size one costs a rendition 40-70 % more bytes for no visible gain (docs/hdr.md)."""
+    gain = image.get_gainmap()
+    width, height = round(image.width / MAP_SCALE), round(image.height / MAP_SCALE)
+    if gain is None or gain.width <= width or min(width, height) < 1:
+        return image
+    image = image.copy()
+    smaller = gain.thumbnail_image(width, height=height, size="force")
+    image.set_type(pyvips.GValue.image_type, "gainmap", smaller)
+    return image
 
 
 def of_heif(data: bytes, container: isobmff.Container) -> str | None:
