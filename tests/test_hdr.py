@@ -3,7 +3,9 @@ other format the SDR base; the `hdr` fact; hostile gain maps fall back or fail a
 
 from __future__ import annotations
 
+import math
 import struct
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -179,8 +181,8 @@ def avif_tile() -> Tile:
     return Tile(bytes(image.cast("uchar").heifsave_buffer(compression="av1", Q=50)))
 
 
-def nclx(transfer: int) -> bytes:
-    return box(b"colr", b"nclx" + struct.pack(">HHHB", 9, transfer, 9, 0x80))
+def nclx(transfer: int, matrix: int = 1) -> bytes:
+    return box(b"colr", b"nclx" + struct.pack(">HHHB", 1, transfer, matrix, 0x80))
 
 
 @pytest.mark.parametrize(("transfer", "fact"), [(16, "pq"), (18, "hlg"), (13, None)])
@@ -189,6 +191,41 @@ def test_avif_transfer_gives_the_fact(transfer: int, fact: str | None) -> None:
     data = heif(b"avif", [coded(avif_tile(), 1, [(nclx(transfer), False)])], [])
     result = render(data, parse_renditions("w:64:webp"), MAX_PIXELS)
     assert result.facts.hdr == fact
+
+
+def pq_signal(nits: float) -> float:
+    m1, m2, c1, c2, c3 = 2610 / 16384, 2523 / 32, 3424 / 4096, 2413 / 128, 2392 / 128
+    y = (nits / 10000) ** m1
+    return float(((c1 + c2 * y) / (1 + c3 * y)) ** m2)
+
+
+def hlg_signal(nits: float) -> float:
+    scene = (nits / 1000) ** (1 / 1.2)  # a grey's display light is 1000 · scene^1.2
+    if scene <= 1 / 12:
+        return math.sqrt(3 * scene)
+    return 0.17883277 * math.log(12 * scene - 0.28466892) + 0.55991073
+
+
+@pytest.mark.parametrize(("transfer", "signal"), [(16, pq_signal), (18, hlg_signal)])
+def test_pq_and_hlg_are_tone_mapped_not_clipped(
+    transfer: int, signal: Callable[[float], float]
+) -> None:
+    """Grey patches of 0-3000 cd/m² come out in order, every one distinct; reference white
+    (203 cd/m²) near SDR white; nothing above it clips to one value."""
+    nits = [0, 50, 100, 203, 600, 1000] + ([3000] if transfer == 16 else [])
+    patches = [pyvips.Image.black(64, 64, bands=3) + round(signal(n) * 255) for n in nits]
+    lossless = (
+        pyvips.Image.arrayjoin(patches)
+        .cast("uchar")
+        .heifsave_buffer(compression="av1", lossless=True)
+    )  # lossless AV1 is coded as GBR: matrix 0
+    data = heif(b"avif", [coded(Tile(bytes(lossless)), 1, [(nclx(transfer, 0), False)])], [])
+    out = pyvips.Image.new_from_buffer(
+        render(data, parse_renditions("p:512:png"), MAX_PIXELS).renditions[0].data, ""
+    )
+    greys = [out(32 + 64 * i, 32)[1] for i in range(len(nits))]
+    assert greys == sorted(set(greys)), greys
+    assert 225 <= greys[nits.index(203)] <= 250, greys
 
 
 @pytest.mark.parametrize(("payload", "fact"), [(b"\x00\x00\x00\x00\x00" + b"\0" * 40, "gainmap"),

@@ -161,7 +161,14 @@ def known_tmap(data: bytes) -> bool:
 
 
 def _transfer(container: isobmff.Container) -> str | None:
+    code = colour_code(container)
+    return _TRANSFERS.get(code[1]) if code else None
+
+
+def colour_code(container: isobmff.Container) -> tuple[int, int] | None:
+    """The primary image's H.273 (colour primaries, transfer) from its `nclx` box."""
     for kind, payload, _ in container.props(container.primary):
         if kind == b"colr" and payload[:4] == b"nclx" and len(payload) >= 11:
-            return _TRANSFERS.get(struct.unpack(">H", payload[6:8])[0])
+            primaries, transfer = struct.unpack(">HH", payload[4:8])
+            return primaries, transfer
     return None

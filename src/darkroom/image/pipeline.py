@@ -22,7 +22,7 @@ from darkroom.errors import (
     ImageTooLargeError,
     UnsupportedFormatError,
 )
-from darkroom.image import exif, gainmap, gif, heifedit, isobmff, placeholders
+from darkroom.image import exif, gainmap, gif, heifedit, isobmff, placeholders, tonemap
 from darkroom.settings import RenditionSpec
 
 # libvips loader classes; unblocking a class unblocks its file/buffer/source variants
@@ -200,7 +200,7 @@ def _blob(image: pyvips.Image, name: str) -> bytes | None:
 def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.Image, Source]:
     if fmt == "heic":
         return _decode_heic(data, size, max_pixels)
-    hdr = None
+    hdr, container = None, None
     if fmt == "avif":
         original, (data, container) = data, _for_libheif(data, max_pixels, strip_transforms=False)
         hdr = gainmap.of_heif(original, container)
@@ -210,6 +210,7 @@ def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.I
     width, height = _upright(header)
     # Untagged RGB is taken as sRGB already: converting sRGB→sRGB costs ~25% and changes nothing.
     tagged = header.get_typeof("icc-profile-data") or header.interpretation == "cmyk"
+    tagged = tagged and hdr not in tonemap.PEAK_NITS  # a PQ/HLG signal is no profile's
     image = pyvips.Image.thumbnail_buffer(
         data,
         size,
@@ -221,7 +222,18 @@ def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.I
     frames = header.get("n-pages") if fmt in ("gif", "webp") and header.get_typeof("n-pages") else 1
     source = Source(fmt, width, height, frames, _blob(header, "icc-profile-data"),
                     _blob(header, "exif-data"), gainmap.GAINMAP if with_map else hdr)  # fmt: skip
-    return _finish(image if with_map else gainmap.drop(image)), source
+    image = _tone_mapped(image if with_map else gainmap.drop(image), hdr, container)
+    return _finish(image), source
+
+
+def _tone_mapped(
+    image: pyvips.Image, hdr: str | None, container: isobmff.Container | None
+) -> pyvips.Image:
+    """A PQ/HLG signal tone-mapped to SDR (tonemap.py); any other image as it is."""
+    code = gainmap.colour_code(container) if container else None
+    if hdr not in tonemap.PEAK_NITS or code is None:
+        return image
+    return tonemap.to_sdr(image, hdr, code[0])
 
 
 # thumbnail imports with the embedded profile (CMYK falls back to a CMYK profile)
@@ -298,11 +310,12 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
     icc = heif.info.get("icc_profile")
     if icc:
         image.set_type(pyvips.GValue.blob_type, "icc-profile-data", bytes(icc))
+    hdr = gainmap.of_heif(data, container)
     resized = image.thumbnail_image(size, height=size, size="down", **_COLOUR)
+    resized = _tone_mapped(resized, hdr, container)
     exif_block = heif.info.get("exif")
     source = Source("heic", width, height, 1, bytes(icc) if icc else None,
-                    bytes(exif_block) if exif_block else None,
-                    gainmap.of_heif(data, container))  # fmt: skip
+                    bytes(exif_block) if exif_block else None, hdr)  # fmt: skip
     return _finish(resized), source
 
 
