@@ -148,12 +148,31 @@ def report(source: str, count: int, rounds: int, photos: list[bytes]) -> str:
     return "\n".join(lines)
 
 
+def figure(photo: bytes, path: Path) -> None:
+    """Three panels of one photo's 1024 px JPEG rendition: its SDR base, its gain map, and
+    the map applied (uhdr2scRGB) shown 2 stops darker, so the recovered highlights show."""
+    uhdr = ultra_hdr(photo, scale=4)
+    [jpeg] = pipeline.render(uhdr, parse_renditions("m:640:jpeg:90"), MAX_PIXELS).renditions
+    base = pyvips.Image.new_from_buffer(jpeg.data, "")
+    gain = base.get_gainmap().resize(base.width / base.get_gainmap().width)
+    gain = gain.crop(0, 0, base.width, base.height).colourspace("srgb")
+    applied = (base.uhdr2scRGB() / 4).copy(interpretation="scrgb")
+    darker = base.colourspace("scrgb").linear(0.25, 0).copy(interpretation="scrgb")
+    panels = [base, gain, darker.colourspace("srgb"), applied.colourspace("srgb")]
+    sheet = pyvips.Image.arrayjoin([p.cast("uchar") for p in panels], across=2, shim=8)
+    path.write_bytes(bytes(sheet.jpegsave_buffer(Q=85, keep=0)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--photos", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--figure", type=Path, help="write docs/hdr-figure.jpg and stop")
     args = parser.parse_args()
+    if args.figure:
+        figure(corpus()[1][0].parent.joinpath("Landscape_3.jpg").read_bytes(), args.figure)
+        return
     source, paths = corpus()
     photos = [p.read_bytes() for p in paths[: args.photos]]
     body = report(source, len(photos), args.rounds, photos)
