@@ -46,7 +46,9 @@ def byte_rows(photos: list[bytes], scale: int) -> list[tuple[str, float, float, 
         with_map, sdr = jpeg_bytes(uhdr), jpeg_bytes(uhdr[: secondary_at(uhdr)])
         for name, size in with_map.items():
             ratios.setdefault(name.split()[0], []).append(size / sdr[name])
-    return [(name, statistics.median(r), max(r), min(r)) for name, r in ratios.items()]
+    sizes = {s.name: s.size for s in JPEG_SPECS}
+    return [(f"{name} ({sizes[name]} px)", statistics.median(r), max(r), min(r))
+            for name, r in ratios.items()]  # fmt: skip
 
 
 def photos_per_s(photos: list[bytes], rounds: int) -> float:
@@ -59,16 +61,16 @@ def photos_per_s(photos: list[bytes], rounds: int) -> float:
 
 def without_hdr_steps(run: Callable[[], float]) -> float:
     """The same run with the HDR steps replaced by no-ops (today's code path for SDR)."""
-    saved = gainmap.check, gainmap.drop, gainmap.fields
-    gainmap.check, gainmap.drop, gainmap.fields = (
+    saved = gainmap.check, gainmap.drop, gainmap.carries
+    gainmap.check, gainmap.drop, gainmap.carries = (
         (lambda h, m: False),
         (lambda i: i),
-        (lambda i: []),
+        (lambda i: False),
     )  # type: ignore[assignment]
     try:
         return run()
     finally:
-        gainmap.check, gainmap.drop, gainmap.fields = saved
+        gainmap.check, gainmap.drop, gainmap.carries = saved
 
 
 def sdr_rows(photos: list[bytes], rounds: int) -> list[float]:
@@ -91,7 +93,7 @@ def step_cost_us(photos: list[bytes]) -> float:
             gainmap.check(header, MAX_PIXELS)
             gainmap.drop(header)
             for _ in SPECS:
-                gainmap.fields(header)
+                gainmap.carries(header)
     return (time.process_time() - start) / 200 / len(headers) * 1e6
 
 

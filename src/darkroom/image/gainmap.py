@@ -30,6 +30,11 @@ _APPLE_GAINMAP = b"urn:com:apple:photo:2020:aux:hdrgainmap"
 _TRANSFERS = {16: PQ, 18: HLG}  # ITU-T H.273 transfer characteristics
 
 
+def carries(image: pyvips.Image) -> bool:
+    """Whether libvips attached a gain map to this image (two lookups: cheap for SDR)."""
+    return bool(image.get_typeof("gainmap-data") or image.get_typeof("gainmap"))
+
+
 def fields(image: pyvips.Image) -> list[str]:
     """The gain-map fields libvips attached to this image (empty: no gain map)."""
     return [name for name in image.get_fields() if name.startswith("gainmap")]
@@ -94,11 +99,10 @@ def plausible(values: list[float]) -> bool:
 
 def drop(image: pyvips.Image) -> pyvips.Image:
     """The image without its gain map: an SDR image as any other."""
-    names = fields(image)
-    if not names:
+    if not carries(image):
         return image
     image = image.copy()
-    for name in names:
+    for name in fields(image):
         image.remove(name)
     return image
 

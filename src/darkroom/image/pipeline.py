@@ -366,7 +366,7 @@ def _save(image: pyvips.Image, spec: RenditionSpec) -> bytes:
         return bytes(image.pngsave_buffer(keep=_KEEP_NONE))
     if image.hasalpha():
         image = image.flatten(background=[255.0] * (image.bands - 1))
-    if gainmap.fields(image):
+    if gainmap.carries(image):
         return gainmap.save_jpeg(image, spec.quality)
     return bytes(
         image.jpegsave_buffer(Q=spec.quality, interlace=True, optimize_coding=True, keep=_KEEP_NONE)
