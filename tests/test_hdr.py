@@ -13,13 +13,13 @@ import pytest
 import pyvips
 
 from darkroom.errors import ImageTooLargeError
-from darkroom.image import exif, gainmap, isobmff
+from darkroom.image import applehdr, gainmap, isobmff
 from darkroom.image.pipeline import RenderResult, render
 from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 from tests import hdrcraft
 from tests.conftest import PHOTOS, Env
 from tests.heifcraft import Item, Tile, box, coded, heif
-from tests.imagecheck import mean_abs_diff
+from tests.imagecheck import mean_abs_diff, metadata_leaks
 
 SPECS = parse_renditions(DEFAULT_RENDITIONS + ",small:320:jpeg:82")
 MAX_PIXELS = Settings().max_pixels
@@ -80,12 +80,9 @@ def test_no_location_or_camera_leaks_through_the_gain_map_container() -> None:
     the EXIF libvips writes for uhdrsave holds no capture fact."""
     assert b"GPS" in original("iphone_hdr_NO.jpg", 4)
     for out in (r for r in rendered("iphone_hdr_NO.jpg", 4).renditions if r.format == "jpeg"):
-        assert b"GPS" not in out.data and b"Apple" not in out.data and b"<x:xmpmeta" not in out.data
-        for part in (out.data, out.data[hdrcraft.secondary_at(out.data) :]):
-            image = pyvips.Image.new_from_buffer(part, "")
-            assert not image.get_typeof("xmp-data") and not image.get_typeof("iptc-data")
-            if image.get_typeof("exif-data"):
-                assert exif.read(bytes(image.get("exif-data"))) == exif.Capture()
+        assert hdrcraft.loader(out.data) == "uhdrload_buffer"
+        assert metadata_leaks(out.data) == [], out.name
+        assert b"Apple" not in out.data and b"iPhone" not in out.data
 
 
 def test_jpeg_without_gain_map_has_no_hdr_fact() -> None:
@@ -168,11 +165,48 @@ def test_map_fits_its_base_only_at_its_aspect(size: tuple[int, int], ok: bool) -
 # --- HEIF and AVIF: the fact, the SDR base ------------------------------------------------
 
 
-def test_apple_heic_gain_map_gives_the_fact_and_the_sdr_base() -> None:
-    """An iPhone HEIC with Apple's HDR gain map: `gainmap`, renditions as before."""
-    result = render((PHOTOS / "iphone_13_pro_max.HEIC").read_bytes(), SPECS, MAX_PIXELS)
+def test_apple_heic_gain_map_is_carried_into_jpeg_renditions() -> None:
+    """An iPhone HEIC with Apple's HDR gain map: `gainmap`, JPEG renditions with an ISO map
+    of their aspect and the headroom of Apple's formula (2^1.64 here), no leak; WebP: SDR."""
+    heic = (PHOTOS / "iphone_13_pro_max.HEIC").read_bytes()
+    result = render(heic, SPECS, MAX_PIXELS)
     assert result.facts.hdr == "gainmap"
-    assert all(hdrcraft.loader(r.data) != "uhdrload_buffer" for r in result.renditions)
+    for out in result.renditions:
+        if out.format != "jpeg":
+            assert not gainmap.fields(pyvips.Image.new_from_buffer(out.data, ""))
+            continue
+        assert boost(out.data) == pytest.approx([2 ** (1.8 - 20 * 3376 / 420939)] * 3)
+        gain = hdrcraft.map_of(out.data)
+        assert abs(gain.height - gain.width * out.height / out.width) <= 1, (out.name, gain)
+        assert metadata_leaks(out.data) == [], out.name
+
+
+def note(tags: dict[int, tuple[int, int]], kind: int = 10) -> bytes:
+    """An Apple maker note with these signed-rational tags (values after the IFD)."""
+    head, values = applehdr.MAKER_NOTE_MAGIC + b"\x00\x01MM", b""
+    start = 16 + 12 * len(tags) + 4
+    entries = struct.pack(">H", len(tags))
+    for index, (tag, (num, den)) in enumerate(sorted(tags.items())):
+        entries += struct.pack(">HHII", tag, kind, 1, start + 8 * index)
+        values += struct.pack(">ii", num, den)
+    return head + entries + b"\0\0\0\0" + values
+
+
+@pytest.mark.parametrize(
+    ("tags", "stops"),
+    [({33: (1, 2), 48: (1, 200)}, 1.8 - 20 / 200), ({33: (1, 2), 48: (1, 2)}, 1.601 - 0.101 / 2),
+     ({33: (3, 2), 48: (1, 200)}, 3.0 - 70 / 200), ({33: (3, 2), 48: (1, 2)}, 2.303 - 0.303 / 2),
+     ({33: (3, 2), 48: (100, 1)}, None), ({33: (1, 2)}, None), ({33: (1, 0), 48: (1, 2)}, None)],
+    ids=["dim-low", "dim-high", "bright-low", "bright-high", "no-headroom", "tag-missing",
+         "zero-denominator"],
+)  # fmt: skip
+def test_apple_headroom_follows_apples_formula(
+    tags: dict[int, tuple[int, int]], stops: float | None
+) -> None:
+    """Tags 33 and 48 of the maker note give 2^stops; damage or no headroom gives None."""
+    expected = None if stops is None else pytest.approx(2**stops)
+    assert applehdr.headroom(note(tags)) == expected
+    assert applehdr.headroom(note(tags)[:20]) is None
 
 
 @cache

@@ -22,7 +22,16 @@ from darkroom.errors import (
     ImageTooLargeError,
     UnsupportedFormatError,
 )
-from darkroom.image import exif, gainmap, gif, heifedit, isobmff, placeholders, tonemap
+from darkroom.image import (
+    applehdr,
+    exif,
+    gainmap,
+    gif,
+    heifedit,
+    isobmff,
+    placeholders,
+    tonemap,
+)
 from darkroom.settings import RenditionSpec
 
 # libvips loader classes; unblocking a class unblocks its file/buffer/source variants
@@ -297,6 +306,7 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
         width, height = heif.size  # the decoded size, before any transformative property
         _check_pixels(width, height, max_pixels)
         pixels, stride, mode = heif.data, heif.stride, heif.mode
+        apple = applehdr.decoded_map(heif, heif.info.get("exif"), max_pixels)
     except DarkroomError:
         raise
     except Exception as exc:  # libheif raises plain ValueError/RuntimeError
@@ -306,6 +316,8 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
     image = image.crop(0, 0, width, height) if stride != width * bands else image
     steps = isobmff.transform_steps(container, container.primary, width, height)
     image = _transformed(image, steps).copy(interpretation="srgb")
+    if apple is not None:  # the map turned with the base, then attached (crop/rot leave it)
+        image = applehdr.attach(image, _transformed(apple[0], steps), apple[1])
     width, height = image.width, image.height
     icc = heif.info.get("icc_profile")
     if icc:
