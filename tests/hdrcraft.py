@@ -8,10 +8,12 @@ import pyvips
 import darkroom.image.pipeline  # noqa: F401  (its configure() admits uhdrload, as in the worker)
 
 
-def ultra_hdr(jpeg: bytes, boost: float = 4.0, scale: int = 4) -> bytes:
+def ultra_hdr(jpeg: bytes, boost: float = 4.0, scale: int = 4, *, turn: bool = True) -> bytes:
     """A gain-map JPEG of this photo: its highlights up to `boost` times brighter in HDR,
-    the map `scale` times smaller than the base on each side. EXIF is kept (GPS too)."""
-    base = pyvips.Image.new_from_buffer(jpeg, "").autorot().colourspace("scrgb")
+    the map `scale` times smaller than the base on each side. EXIF is kept (GPS too); with
+    `turn=False` the pixels stay as stored and the EXIF orientation stays in force."""
+    base = pyvips.Image.new_from_buffer(jpeg, "")
+    base = (base.autorot() if turn else base).colourspace("scrgb")
     luma = base[0] * 0.2126 + base[1] * 0.7152 + base[2] * 0.0722
     hdr = (base * ((luma**4) * (boost - 1) + 1)).copy(interpretation="scrgb")
     return bytes(hdr.uhdrsave_buffer(Q=90, gainmap_scale_factor=scale))
@@ -41,3 +43,10 @@ def map_of(data: bytes) -> pyvips.Image:
     """The gain map a JPEG carries, decoded."""
     image = pyvips.Image.new_from_buffer(data, "")
     return pyvips.Image.new_from_buffer(image.get("gainmap-data"), "")
+
+
+def correlation(a: pyvips.Image, b: pyvips.Image) -> float:
+    """Pearson correlation of two one-band images of the same size."""
+    a, b = a.cast("float"), b.cast("float")
+    da, db = a - a.avg(), b - b.avg()
+    return float((da * db).avg() / ((da * da).avg() ** 0.5 * (db * db).avg() ** 0.5))
