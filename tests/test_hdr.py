@@ -195,6 +195,14 @@ def test_apple_heic_gain_map_is_carried_into_jpeg_renditions() -> None:
         assert metadata_leaks(out.data) == [], out.name
 
 
+def test_map_steps_follow_the_base_at_the_maps_scale() -> None:
+    """A half-size map is cropped at half the coordinates; a quarter turn swaps the axes."""
+    steps = [isobmff.Step("crop", (100, 40, 2000, 1000)), isobmff.Step("rotate", (1,)),
+             isobmff.Step("crop", (10, 20, 900, 1800))]  # fmt: skip
+    assert applehdr.scaled_steps(steps, 0.5, 0.25) == [
+        ("crop", (50, 10, 1000, 250)), ("rotate", (1,)), ("crop", (2, 10, 225, 900))]  # fmt: skip
+
+
 def note(tags: dict[int, tuple[int, int]], kind: int = 10) -> bytes:
     """An Apple maker note with these signed-rational tags (values after the IFD)."""
     head, values = applehdr.MAKER_NOTE_MAGIC + b"\x00\x01MM", b""

@@ -13,7 +13,7 @@ from typing import Any
 import pyvips
 
 from darkroom.errors import ImageTooLargeError
-from darkroom.image import gainmap
+from darkroom.image import gainmap, isobmff
 
 MAKER_NOTE_MAGIC = b"Apple iOS\0"
 _RATIONAL, _SRATIONAL = 5, 10
@@ -21,8 +21,8 @@ AUX_TYPE = "urn:com:apple:photo:2020:aux:hdrgainmap"
 
 
 def decoded_map(heif: Any, exif_block: bytes | None, max_pixels: int) -> Any:
-    """(ISO map at the base's decoded size, boost) from a pi-heif file, or None when it has
-    no usable Apple map. The pixel budget counts the map (ImageTooLargeError)."""
+    """(ISO map at its own size, boost) from a pi-heif file, or None when it has no usable
+    Apple map. The pixel budget counts the map (ImageTooLargeError)."""
     ids = heif.info.get("aux", {}).get(AUX_TYPE) or []
     boost = headroom(maker_note(exif_block))
     if not ids or boost is None:
@@ -35,8 +35,22 @@ def decoded_map(heif: Any, exif_block: bytes | None, max_pixels: int) -> Any:
         return None
     apple = pyvips.Image.new_from_memory(bytes(aux.data), aux.stride, map_height, 1, "uchar")
     apple = apple.crop(0, 0, map_width, map_height)
-    full = apple.thumbnail_image(width, height=height, size="force")
-    return iso_map(full, boost), boost
+    return iso_map(apple, boost).copy_memory(), boost
+
+
+def scaled_steps(steps: list[isobmff.Step], x_scale: float, y_scale: float) -> list[isobmff.Step]:
+    """The base's transformative steps for a map x_scale × y_scale of its size: crops scaled
+    (a quarter turn swaps the axes they are measured on), turns and mirrors as they are."""
+    scaled = []
+    for op, args in steps:
+        if op == "crop":
+            left, top, width, height = args
+            args = (round(left * x_scale), round(top * y_scale),
+                    max(1, round(width * x_scale)), max(1, round(height * y_scale)))  # fmt: skip
+        elif op == "rotate" and args[0] % 2:
+            x_scale, y_scale = y_scale, x_scale
+        scaled.append(isobmff.Step(op, args))
+    return scaled
 
 
 def maker_note(exif_block: bytes | None) -> bytes | None:

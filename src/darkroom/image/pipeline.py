@@ -317,7 +317,9 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
     steps = isobmff.transform_steps(container, container.primary, width, height)
     image = _transformed(image, steps).copy(interpretation="srgb")
     if apple is not None:  # the map turned with the base, then attached (crop/rot leave it)
-        image = applehdr.attach(image, _transformed(apple[0], steps), apple[1])
+        gain, boost = apple
+        scaled = applehdr.scaled_steps(steps, gain.width / width, gain.height / height)
+        image = applehdr.attach(image, _transformed(gain, scaled), boost)
     width, height = image.width, image.height
     icc = heif.info.get("icc_profile")
     if icc:
