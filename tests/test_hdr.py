@@ -19,7 +19,7 @@ from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 from tests import hdrcraft
 from tests.conftest import PHOTOS, Env
 from tests.heifcraft import Item, Tile, box, coded, heif
-from tests.imagecheck import mean_abs_diff, metadata_leaks
+from tests.imagecheck import jpeg_markers, mean_abs_diff, metadata_leaks
 
 SPECS = parse_renditions(DEFAULT_RENDITIONS + ",small:320:jpeg:82")
 MAX_PIXELS = Settings().max_pixels
@@ -97,6 +97,21 @@ def test_no_location_or_camera_leaks_through_the_gain_map_container() -> None:
         assert hdrcraft.loader(out.data) == "uhdrload_buffer"
         assert metadata_leaks(out.data) == [], out.name
         assert b"Apple" not in out.data and b"iPhone" not in out.data
+        base = out.data[: hdrcraft.secondary_at(out.data)]
+        assert 0xE1 not in jpeg_markers(base) and b"ICC_PROFILE" not in base  # cut by us
+        assert mpf_first_size(base) == len(base)  # the index still tells the truth
+
+
+def mpf_first_size(base: bytes) -> int:
+    """The size the MPF index (big-endian, as libultrahdr writes it) gives the base image."""
+    tiff = base.index(b"MPF\0") + 4
+    (ifd,) = struct.unpack(">I", base[tiff + 4 : tiff + 8])
+    (count,) = struct.unpack(">H", base[tiff + ifd : tiff + ifd + 2])
+    for at in range(tiff + ifd + 2, tiff + ifd + 2 + 12 * count, 12):
+        tag, _, _, entries = struct.unpack(">HHII", base[at : at + 12])
+        if tag == 0xB002:
+            return int(struct.unpack(">I", base[tiff + entries + 4 : tiff + entries + 8])[0])
+    raise AssertionError("no MP entry")
 
 
 def test_jpeg_without_gain_map_has_no_hdr_fact() -> None:

@@ -120,7 +120,51 @@ def bare(image: pyvips.Image) -> pyvips.Image:
 
 def save_jpeg(image: pyvips.Image, quality: int) -> bytes:
     """An Ultra HDR JPEG: the SDR base, its gain map and ISO 21496-1 fields, nothing else."""
-    return bytes(bare(capped(image)).uhdrsave_buffer(Q=quality, keep=KEEP_GAINMAP))
+    data = bytes(bare(capped(image)).uhdrsave_buffer(Q=quality, keep=KEEP_GAINMAP))
+    return without_base_blocks(data)
+
+
+def without_base_blocks(jpeg: bytes) -> bytes:
+    """The JPEG without the EXIF and ICC blocks uhdrsave writes ahead of the base's MPF index
+    (~800 bytes: a sixth of a 320 px rendition). The gain map's offset counts from the index,
+    so it holds; the base's own size in the index shrinks by what was cut. Unchanged when
+    the layout is not the one expected."""
+    segments: list[bytes] = []
+    position, mpf = 2, None
+    while jpeg[position : position + 1] == b"\xff" and jpeg[position + 1] != 0xDA:
+        (length,) = struct.unpack(">H", jpeg[position + 2 : position + 4])
+        segment = jpeg[position : position + 2 + length]
+        mpf = len(segments) if mpf is None and segment[4:8] == b"MPF\0" else mpf
+        segments.append(segment)
+        position += 2 + length
+    if mpf is None:
+        return jpeg
+    cut = [i for i in range(mpf) if segments[i][4:10] == b"Exif\0\0" or
+           segments[i][4:16] == b"ICC_PROFILE\0"]  # fmt: skip
+    removed = sum(len(segments[i]) for i in cut)
+    index = _shrunk_first_entry(segments[mpf], removed)
+    if index is None:
+        return jpeg
+    kept = [index if i == mpf else seg for i, seg in enumerate(segments) if i not in cut]
+    return jpeg[:2] + b"".join(kept) + jpeg[position:]
+
+
+def _shrunk_first_entry(segment: bytes, removed: int) -> bytes | None:
+    """The MPF segment with its first MP entry's size (the base image) less `removed`."""
+    tiff = 8  # marker, length, "MPF\0"
+    order = {b"MM": ">", b"II": "<"}.get(segment[tiff : tiff + 2])
+    if order is None:
+        return None
+    (ifd,) = struct.unpack(order + "I", segment[tiff + 4 : tiff + 8])
+    (count,) = struct.unpack(order + "H", segment[tiff + ifd : tiff + ifd + 2])
+    for at in range(tiff + ifd + 2, tiff + ifd + 2 + 12 * count, 12):
+        tag, _, _, offset = struct.unpack(order + "HHII", segment[at : at + 12])
+        if tag == 0xB002:  # MPEntry: attribute, size, offset, two dependents (16 bytes each)
+            size_at = tiff + offset + 4
+            (size,) = struct.unpack(order + "I", segment[size_at : size_at + 4])
+            new = struct.pack(order + "I", size - removed)
+            return segment[:size_at] + new + segment[size_at + 4 :]
+    return None
 
 
 def capped(image: pyvips.Image) -> pyvips.Image:
