@@ -151,8 +151,9 @@ END $$;
 
 -- ---- issue 16: HDR originals ----------------------------------------------------------------
 -- hdr: what an HDR display could show of the original (docs/hdr.md): 'gainmap' (an Ultra HDR
--- or ISO 21496-1 JPEG, whose JPEG renditions carry the map; a HEIC/AVIF gain map, shown as
--- its SDR base), 'pq' or 'hlg' (an HDR transfer without a map, rendered to SDR); NULL = SDR.
+-- or ISO 21496-1 JPEG, or an iPhone HEIC, whose JPEG renditions carry the map; an AVIF
+-- `tmap`, shown as its SDR base), 'pq' or 'hlg' (an HDR transfer without a map, tone-mapped
+-- to SDR); NULL = SDR.
 ALTER TABLE photos ADD COLUMN IF NOT EXISTS hdr text;
 DO $$
 BEGIN
