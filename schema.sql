@@ -149,6 +149,19 @@ EXCEPTION WHEN duplicate_object THEN NULL;
 END $$;
 -- ---- end of issue 13 ----------------------------------------------------------------------
 
+-- ---- issue 16: HDR originals ----------------------------------------------------------------
+-- hdr: what an HDR display could show of the original (docs/hdr.md): 'gainmap' (an Ultra HDR
+-- or ISO 21496-1 JPEG, or an iPhone HEIC, whose JPEG renditions carry the map; an AVIF
+-- `tmap`, shown as its SDR base), 'pq' or 'hlg' (an HDR transfer without a map, tone-mapped
+-- to SDR); NULL = SDR.
+ALTER TABLE photos ADD COLUMN IF NOT EXISTS hdr text;
+DO $$
+BEGIN
+    ALTER TABLE photos ADD CONSTRAINT photos_hdr_check CHECK (hdr IN ('gainmap', 'pq', 'hlg'));
+EXCEPTION WHEN duplicate_object THEN NULL;
+END $$;
+-- ---- end of issue 16 ----------------------------------------------------------------------
+
 -- ---- issue 14: attempt history -------------------------------------------------------------
 -- One row per delivery that reached a worker (docs/history.md). A claimed delivery's row
 -- is inserted `running` right after its claim and finished by one UPDATE when it ends; a
@@ -216,7 +229,7 @@ SELECT jsonb_build_object(
               WHERE f.value <> 'null'::jsonb AND f.key IN (
                   'width', 'height', 'format', 'bytes', 'taken_at_local', 'taken_at',
                   'camera_make', 'camera_model', 'lens_model', 'exposure', 'original_sha256',
-                  'has_alpha', 'frames', 'source_profile', 'latitude', 'longitude')),
+                  'has_alpha', 'frames', 'source_profile', 'latitude', 'longitude', 'hdr')),
     'thumbhash', p.thumbhash,
     'dominant_color', p.dominant_color,
     'lane', to_jsonb(p) -> 'lane',

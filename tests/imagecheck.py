@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pyvips
 
+from darkroom.image import exif
+
 METADATA_FIELDS = ("exif-data", "xmp-data", "iptc-data", "icc-profile-data")
 METADATA_BYTES = (
     b"Exif\x00\x00",
@@ -48,8 +50,11 @@ def jpeg_markers(data: bytes) -> list[int]:
 
 
 def metadata_leaks(data: bytes) -> list[str]:
-    """Every sign of EXIF/XMP/IPTC/GPS/ICC left in an output file; empty when clean."""
+    """Every sign of EXIF/XMP/IPTC/GPS/ICC left in an output file; empty when clean. A JPEG
+    that carries a gain map is judged by `gain_map_leaks` (docs/hdr.md)."""
     image = pyvips.Image.new_from_buffer(data, "")
+    if image.get("vips-loader").startswith("uhdrload"):
+        return gain_map_leaks(data)
     found = [name for name in METADATA_FIELDS if image.get_typeof(name)]
     found += [repr(pattern) for pattern in METADATA_BYTES if pattern in data]
     if sniff(data) == "webp":
@@ -63,3 +68,18 @@ def mean_abs_diff(a: bytes, b: bytes) -> float:
     """Mean absolute difference of two decoded images of the same size."""
     first, second = pyvips.Image.new_from_buffer(a, ""), pyvips.Image.new_from_buffer(b, "")
     return float((first - second).abs().avg())
+
+
+def gain_map_leaks(data: bytes) -> list[str]:
+    """Every sign of a capture fact, XMP or IPTC in an Ultra HDR JPEG, base and map: its
+    container's own EXIF (dimensions, resolution), ICC, ISO 21496-1 and MPF blocks are allowed."""
+    found = [repr(p) for p in METADATA_BYTES if p in data and p != b"Exif\x00\x00"]
+    secondary = data.index(b"\xff\xd9\xff\xd8\xff") + 2
+    for part in (data[:secondary], data[secondary:]):
+        image = pyvips.Image.new_from_buffer(part, "")
+        found += [name for name in ("xmp-data", "iptc-data") if image.get_typeof(name)]
+        found += ["APP13"] if 0xED in jpeg_markers(part) else []
+        if image.get_typeof("exif-data"):
+            capture = exif.read(bytes(image.get("exif-data")))
+            found += [] if capture == exif.Capture() else [f"EXIF capture facts: {capture}"]
+    return found

@@ -22,7 +22,16 @@ from darkroom.errors import (
     ImageTooLargeError,
     UnsupportedFormatError,
 )
-from darkroom.image import exif, gif, heifedit, isobmff, placeholders
+from darkroom.image import (
+    applehdr,
+    exif,
+    gainmap,
+    gif,
+    heifedit,
+    isobmff,
+    placeholders,
+    tonemap,
+)
 from darkroom.settings import RenditionSpec
 
 # libvips loader classes; unblocking a class unblocks its file/buffer/source variants
@@ -32,8 +41,9 @@ ALLOWED_LOADERS = (
     "VipsForeignLoadWebp",
     "VipsForeignLoadNsgif",
     "VipsForeignLoadHeif",
+    "VipsForeignLoadUhdr",  # libvips picks it by content: a JPEG whose gain map libultrahdr reads
 )
-_LOADER_NAMES = ("jpegload", "pngload", "webpload", "gifload", "heifload")
+_LOADER_NAMES = ("jpegload", "pngload", "webpload", "gifload", "heifload", "uhdrload")
 _HEIC_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs"}
 _AVIF_BRANDS = {b"avif", b"avis"}
 _HEIF_BRANDS = {b"mif1", b"msf1", b"miaf"}
@@ -49,6 +59,7 @@ class Source(msgspec.Struct, frozen=True):
     frames: int = 1
     icc: bytes | None = None
     exif: bytes | None = None
+    hdr: str | None = None
 
 
 class Facts(msgspec.Struct, frozen=True):
@@ -63,6 +74,7 @@ class Facts(msgspec.Struct, frozen=True):
     thumbhash: str | None = None
     dominant_color: str | None = None
     capture: exif.Capture = msgspec.field(default_factory=exif.Capture)
+    hdr: str | None = None  # gainmap, pq, hlg: what an HDR display could show (docs/hdr.md)
 
     def row(self, size: int, *, keep_location: bool) -> dict[str, Any]:
         """The `photos` columns; location only when the operator chose to keep it."""
@@ -158,6 +170,7 @@ def _facts(base: pyvips.Image, source: Source) -> Facts:
         thumbhash=placeholders.thumbhash_text(tiny.width, tiny.height, _pixels(tiny)),
         dominant_color=dominant[0] if dominant else None,
         capture=exif.read(source.exif),
+        hdr=source.hdr,
     )
 
 
@@ -196,13 +209,17 @@ def _blob(image: pyvips.Image, name: str) -> bytes | None:
 def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.Image, Source]:
     if fmt == "heic":
         return _decode_heic(data, size, max_pixels)
+    hdr, container = None, None
     if fmt == "avif":
-        data, _ = _for_libheif(data, max_pixels, strip_transforms=False)
+        original, (data, container) = data, _for_libheif(data, max_pixels, strip_transforms=False)
+        hdr = gainmap.of_heif(original, container)
     header = _header(data, fmt, max_pixels)
+    with_map = gainmap.check(header, max_pixels)
     limits = _HEIF_LIMITS if fmt == "avif" else {}
     width, height = _upright(header)
     # Untagged RGB is taken as sRGB already: converting sRGB→sRGB costs ~25% and changes nothing.
     tagged = header.get_typeof("icc-profile-data") or header.interpretation == "cmyk"
+    tagged = tagged and hdr not in tonemap.PEAK_NITS  # a PQ/HLG signal is no profile's
     image = pyvips.Image.thumbnail_buffer(
         data,
         size,
@@ -213,8 +230,19 @@ def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.I
     )  # thumbnail's own fail_on does not reach the loader: pass it in option_string
     frames = header.get("n-pages") if fmt in ("gif", "webp") and header.get_typeof("n-pages") else 1
     source = Source(fmt, width, height, frames, _blob(header, "icc-profile-data"),
-                    _blob(header, "exif-data"))  # fmt: skip
+                    _blob(header, "exif-data"), gainmap.GAINMAP if with_map else hdr)  # fmt: skip
+    image = _tone_mapped(image if with_map else gainmap.drop(image), hdr, container)
     return _finish(image), source
+
+
+def _tone_mapped(
+    image: pyvips.Image, hdr: str | None, container: isobmff.Container | None
+) -> pyvips.Image:
+    """A PQ/HLG signal tone-mapped to SDR (tonemap.py); any other image as it is."""
+    code = gainmap.colour_code(container) if container else None
+    if hdr not in tonemap.PEAK_NITS or code is None:
+        return image
+    return tonemap.to_sdr(image, hdr, code[0])
 
 
 # thumbnail imports with the embedded profile (CMYK falls back to a CMYK profile)
@@ -278,6 +306,7 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
         width, height = heif.size  # the decoded size, before any transformative property
         _check_pixels(width, height, max_pixels)
         pixels, stride, mode = heif.data, heif.stride, heif.mode
+        apple = applehdr.decoded_map(heif, heif.info.get("exif"), max_pixels)
     except DarkroomError:
         raise
     except Exception as exc:  # libheif raises plain ValueError/RuntimeError
@@ -287,14 +316,20 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
     image = image.crop(0, 0, width, height) if stride != width * bands else image
     steps = isobmff.transform_steps(container, container.primary, width, height)
     image = _transformed(image, steps).copy(interpretation="srgb")
+    if apple is not None:  # the map turned with the base, then attached (crop/rot leave it)
+        gain, boost = apple
+        scaled = applehdr.scaled_steps(steps, gain.width / width, gain.height / height)
+        image = applehdr.attach(image, _transformed(gain, scaled), boost)
     width, height = image.width, image.height
     icc = heif.info.get("icc_profile")
     if icc:
         image.set_type(pyvips.GValue.blob_type, "icc-profile-data", bytes(icc))
+    hdr = gainmap.of_heif(data, container)
     resized = image.thumbnail_image(size, height=size, size="down", **_COLOUR)
+    resized = _tone_mapped(resized, hdr, container)
     exif_block = heif.info.get("exif")
     source = Source("heic", width, height, 1, bytes(icc) if icc else None,
-                    bytes(exif_block) if exif_block else None)  # fmt: skip
+                    bytes(exif_block) if exif_block else None, hdr)  # fmt: skip
     return _finish(resized), source
 
 
@@ -345,6 +380,8 @@ def _save(image: pyvips.Image, spec: RenditionSpec) -> bytes:
         return bytes(image.pngsave_buffer(keep=_KEEP_NONE))
     if image.hasalpha():
         image = image.flatten(background=[255.0] * (image.bands - 1))
+    if gainmap.carries(image):
+        return gainmap.save_jpeg(image, spec.quality)
     return bytes(
         image.jpegsave_buffer(Q=spec.quality, interlace=True, optimize_coding=True, keep=_KEEP_NONE)
     )

@@ -275,6 +275,7 @@ WITH old AS (
         lens_model = $11, exposure = $12::jsonb, original_sha256 = $13, has_alpha = $14,
         frames = $15, source_profile = $16, latitude = $17, longitude = $18,
         thumbhash = $19, dominant_color = $20,
+        hdr = $21,
         rerendered_at = CASE WHEN processing_state = 'processed' THEN now()
                              ELSE rerendered_at END,
         rerender_requested_at = NULL,
@@ -327,7 +328,7 @@ async def publish(
 FACT_COLUMNS = (
     "taken_at_local", "taken_at", "camera_make", "camera_model", "lens_model", "exposure",
     "original_sha256", "has_alpha", "frames", "source_profile", "latitude", "longitude",
-    "thumbhash", "dominant_color",
+    "thumbhash", "dominant_color", "hdr",
 )  # fmt: skip
 
 
