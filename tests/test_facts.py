@@ -51,6 +51,13 @@ def test_thumbhash_matches_reference_vectors(vector: dict[str, Any]) -> None:
     assert rgba == base64.b64decode(vector["decoded_rgba"])
 
 
+def test_thumbhash_of_a_flat_image_has_no_detail_terms() -> None:
+    """A flat colour hashes to its colour and all-zero detail, not to summation noise."""
+    hashed = thumbhash.encode(40, 30, bytes([10, 120, 200, 255]) * 1200)
+    assert hashed[5:] == bytes(len(hashed) - 5)
+    assert [round(c * 255) for c in thumbhash.average_rgba(hashed)[:3]] == [10, 119, 198]
+
+
 def test_thumbhash_refuses_large_images() -> None:
     with pytest.raises(ValueError, match="100x100"):
         thumbhash.encode(101, 10, bytes(101 * 10 * 4))
