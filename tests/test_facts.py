@@ -432,7 +432,7 @@ def test_rerender_that_keeps_failing_is_given_up(file_env: Env) -> None:
     file_env.cli("run", "--drain")
     before = _row(file_env, photo_id)
     file_env.cli("enqueue", "--rerender", str(photo_id))
-    file_env.cli("run", "--drain", DARKROOM_RENDER_MEMORY_MB="100", DARKROOM_MAX_ATTEMPTS="2",
+    file_env.cli("run", "--drain", DARKROOM_RENDER_MEMORY_MB="200", DARKROOM_MAX_ATTEMPTS="2",
                  DARKROOM_RETRY_BASE_MS="100")  # fmt: skip
     after = _row(file_env, photo_id)
     assert (after["processing_state"], after["visibility"]) == ("processed", "published")

@@ -14,11 +14,7 @@ import numpy as np
 
 from darkroom.image import thumbhash
 
-SIDE = thumbhash.MAX_SIDE  # the dominant colour's image
-# The ThumbHash's own image, cascaded from that one. A hash holds at most 7 terms along an
-# edge, so 48 px already gives the same bytes as 100 px on the test photos (a term or two
-# differs by one step on some), at a quarter of the CPU.
-THUMBHASH_SIDE = 48
+SIDE = thumbhash.MAX_SIDE  # both placeholders are made from one image this small
 _BITS = 3  # 8 levels per channel: 512 boxes, each 32 levels wide
 _BOXES = 1 << 3 * _BITS
 _OPAQUE_ENOUGH = 128  # mostly transparent pixels do not count towards the area
