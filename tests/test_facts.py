@@ -51,6 +51,13 @@ def test_thumbhash_matches_reference_vectors(vector: dict[str, Any]) -> None:
     assert rgba == base64.b64decode(vector["decoded_rgba"])
 
 
+def test_thumbhash_of_a_flat_image_has_no_detail_terms() -> None:
+    """A flat colour hashes to its colour and all-zero detail, not to summation noise."""
+    hashed = thumbhash.encode(40, 30, bytes([10, 120, 200, 255]) * 1200)
+    assert hashed[5:] == bytes(len(hashed) - 5)
+    assert [round(c * 255) for c in thumbhash.average_rgba(hashed)[:3]] == [10, 119, 198]
+
+
 def test_thumbhash_refuses_large_images() -> None:
     with pytest.raises(ValueError, match="100x100"):
         thumbhash.encode(101, 10, bytes(101 * 10 * 4))
@@ -425,7 +432,7 @@ def test_rerender_that_keeps_failing_is_given_up(file_env: Env) -> None:
     file_env.cli("run", "--drain")
     before = _row(file_env, photo_id)
     file_env.cli("enqueue", "--rerender", str(photo_id))
-    file_env.cli("run", "--drain", DARKROOM_RENDER_MEMORY_MB="100", DARKROOM_MAX_ATTEMPTS="2",
+    file_env.cli("run", "--drain", DARKROOM_RENDER_MEMORY_MB="200", DARKROOM_MAX_ATTEMPTS="2",
                  DARKROOM_RETRY_BASE_MS="100")  # fmt: skip
     after = _row(file_env, photo_id)
     assert (after["processing_state"], after["visibility"]) == ("processed", "published")

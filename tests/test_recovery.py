@@ -167,7 +167,7 @@ def test_render_over_its_memory_limit_fails_only_that_photo(file_env: Env) -> No
     """A render past DARKROOM_RENDER_MEMORY_MB (killed or crashing in native code) is retried,
     then dead-lettered alone; the worker and the other photos carry on."""
     heic, small = file_env.ingest([HEIC, PHOTOS / "animated-loop-3.gif"])
-    file_env.cli("run", "--drain", DARKROOM_RENDER_MEMORY_MB="100", DARKROOM_MAX_ATTEMPTS="2",
+    file_env.cli("run", "--drain", DARKROOM_RENDER_MEMORY_MB="200", DARKROOM_MAX_ATTEMPTS="2",
                  DARKROOM_RETRY_BASE_MS="100")  # fmt: skip
     code = file_env.query("SELECT error_code FROM photos WHERE id = $1", heic)[0]["error_code"]
     assert code in ("out_of_memory", "render_crashed")

@@ -120,7 +120,7 @@ async def _signal_later(pid: int, signum: int) -> None:
 async def test_out_of_memory_fails_its_photo_and_replaces_the_process() -> None:
     """Past memory_mb the photo fails out_of_memory (or crashed in native code), the process
     is replaced, and a small photo still renders under the same limit."""
-    async with pool(memory_mb=100) as renderer:
+    async with pool(memory_mb=200) as renderer:
         [pid] = renderer.pids()
         with pytest.raises((RenderOutOfMemoryError, RenderCrashedError)):
             await renderer.render(HEIC, DEFAULTS)

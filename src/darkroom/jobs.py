@@ -11,7 +11,6 @@ renditions a re-render replaced are deleted only after its commit.
 
 from __future__ import annotations
 
-import hashlib
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -49,11 +48,6 @@ log = structlog.get_logger("darkroom.jobs")
 RECORD_DEADLINE_S = 20.0
 # Giving a claim back at a stop waits at most this long (the process is on its way out).
 RELEASE_DEADLINE_S = 2.0
-
-
-def sha256_hex(data: bytes) -> str:
-    """The original's checksum, of exactly the bytes downloaded (hashlib frees the GIL)."""
-    return hashlib.sha256(data).hexdigest()
 
 
 class LeftPending(Exception):
@@ -220,7 +214,6 @@ class Jobs:
         with self.recorder.timed(entry, "upload"):
             renditions = await self._upload(task.photo_id, result)
         facts = result.facts.row(len(original), keep_location=self.settings.keep_location)
-        facts["original_sha256"] = await anyio.to_thread.run_sync(sha256_hex, original)
         with self.recorder.timed(entry, "publish"):
             replaced = await db.publish(
                 self.pool, task.photo_id, facts, msgspec.json.encode(renditions).decode()

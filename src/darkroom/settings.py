@@ -163,7 +163,7 @@ MINIMUMS: dict[str, float] = {
     "claim_idle_ms": 1000,  # the heartbeat beats every CLAIM_IDLE_MS/3
     "sweep_after_s": 1.0,  # younger photos may be between their commit and XADD
     "job_timeout_s": 0.1,
-    "render_memory_mb": 100,  # a render process's own libraries use most of it
+    "render_memory_mb": 200,  # its own libraries (libvips, numpy) map ~190 MB before a photo
     "max_pixels": 1,
     "max_original_bytes": 1,
     "read_block_ms": 10,

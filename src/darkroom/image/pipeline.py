@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgspec
+import numpy as np
 import pyvips
 
 from darkroom.errors import (
@@ -75,6 +76,7 @@ class Facts(msgspec.Struct, frozen=True):
     dominant_color: str | None = None
     capture: exif.Capture = msgspec.field(default_factory=exif.Capture)
     hdr: str | None = None  # gainmap, pq, hlg: what an HDR display could show (docs/hdr.md)
+    original_sha256: str = ""  # of exactly the bytes rendered, hashed in the render process
 
     def row(self, size: int, *, keep_location: bool) -> dict[str, Any]:
         """The `photos` columns; location only when the operator chose to keep it."""
@@ -142,8 +144,9 @@ def render(data: bytes, specs: Iterable[RenditionSpec], max_pixels: int) -> Rend
     fmt = sniff(data)
     try:
         base, source = _decode(data, fmt, specs[0].size, max_pixels)
-        renditions = list(_cascade(base, specs))
-        return RenderResult(_facts(base, source), renditions)
+        renditions, smallest = _cascade(base, specs)
+        facts = _facts(smallest, source, hashlib.sha256(data).hexdigest())
+        return RenderResult(facts, renditions)
     except DarkroomError:
         raise
     except pyvips.Error as exc:
@@ -156,36 +159,39 @@ def _vips_message(exc: pyvips.Error) -> str:
     return lines[-1][:300] if lines else "libvips could not decode the image"
 
 
-def _facts(base: pyvips.Image, source: Source) -> Facts:
-    small = _small_rgba(base, placeholders.SIDE)
-    tiny = _small_rgba(small, placeholders.THUMBHASH_SIDE)
-    dominant = placeholders.dominant_color(_pixels(small))
+def _facts(smallest: pyvips.Image, source: Source, sha256: str) -> Facts:
+    """From the smallest rendition's pixels (the decode when no rendition shrank it)."""
+    width, height, rgba = _small_rgba(smallest, placeholders.SIDE)
+    dominant = placeholders.dominant_color(rgba)
     return Facts(
         source.format,
         source.width,
         source.height,
-        has_alpha=bool(base.hasalpha()),
+        has_alpha=bool(smallest.hasalpha()),
         frames=source.frames,
         source_profile=profile_name(source.icc),
-        thumbhash=placeholders.thumbhash_text(tiny.width, tiny.height, _pixels(tiny)),
+        thumbhash=placeholders.thumbhash_text(width, height, rgba),
         dominant_color=dominant[0] if dominant else None,
         capture=exif.read(source.exif),
         hdr=source.hdr,
+        original_sha256=sha256,
     )
 
 
-def _small_rgba(image: pyvips.Image, side: int) -> pyvips.Image:
-    """At most side×side px, 8-bit sRGB with alpha, cascaded from the decode."""
-    small = image.thumbnail_image(side, height=side, size="down")
-    if small.bands < 3:
-        small = small.colourspace("srgb")
-    if not small.hasalpha():
-        small = small.bandjoin_const([255])
-    return small.cast("uchar").copy_memory()
-
-
-def _pixels(image: pyvips.Image) -> bytes:
-    return bytes(image.write_to_memory())
+def _small_rgba(image: pyvips.Image, side: int) -> tuple[int, int, bytes]:
+    """At most side×side px of 8-bit sRGB with alpha: width, height, pixels row by row."""
+    if max(image.width, image.height) > side:
+        image = image.thumbnail_image(side, height=side, size="down")
+    if image.bands < 3:
+        image = image.colourspace("srgb")
+    if image.format != "uchar":
+        image = image.cast("uchar")
+    # numpy, not bandjoin/cast/copy_memory: each libvips pipeline run costs ~1 ms at any size
+    pixels = np.frombuffer(image.write_to_memory(), np.uint8)
+    pixels = pixels.reshape(image.height, image.width, image.bands)
+    if image.bands == 3:
+        pixels = np.dstack((pixels, np.full(pixels.shape[:2], 255, np.uint8)))
+    return image.width, image.height, pixels.tobytes()
 
 
 def profile_name(icc: bytes | None) -> str | None:
@@ -358,15 +364,18 @@ def _finish(image: pyvips.Image) -> pyvips.Image:
     return image
 
 
-def _cascade(base: pyvips.Image, specs: list[RenditionSpec]) -> Iterable[Rendered]:
-    current = base
+def _cascade(base: pyvips.Image, specs: list[RenditionSpec]) -> tuple[list[Rendered], pyvips.Image]:
+    """Every rendition, largest first, each shrunk from the one before; and the last image."""
+    current, renditions = base, []
     for spec in specs:
         if max(current.width, current.height) > spec.size:
             current = current.thumbnail_image(spec.size, height=spec.size, size="down")
             current = current.copy_memory()
         data = _save(current, spec)
-        yield Rendered(spec.name, spec.format, spec.ext, current.width, current.height, data,
-                       hashlib.sha256(data).hexdigest())  # fmt: skip
+        digest = hashlib.sha256(data).hexdigest()
+        renditions.append(Rendered(spec.name, spec.format, spec.ext, current.width,
+                                   current.height, data, digest))  # fmt: skip
+    return renditions, current
 
 
 def _save(image: pyvips.Image, spec: RenditionSpec) -> bytes:

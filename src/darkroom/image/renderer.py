@@ -52,6 +52,9 @@ _START_LOCK = threading.Lock()
 def _forkserver() -> Any:
     global _context
     if _context is None:
+        # numpy's OpenBLAS reserves address space per thread at import (the forkserver's
+        # preload): one thread, as the placeholders' tiny matrix products need no more
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(["darkroom.image.renderer"])
     return _context
