@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
@@ -51,6 +52,21 @@ SWEEP_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300),
 )
 SWEEP_SCANNED = Counter("darkroom_sweep_scanned_total", "Stale unfinished photos read by the sweep")
+
+# ---- lanes (issue 13) ----
+QUEUE_WAIT_SECONDS = Histogram(
+    "darkroom_queue_wait_seconds",
+    "From a first delivery's XADD (its entry id) to its render start, by lane",
+    ["lane"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600),
+)
+
+
+def observe_queue_wait(lane: str, enqueued_ms: int) -> float:
+    """Observe and return the wait; a Redis clock ahead of ours counts as no wait."""
+    wait_s = max(0.0, time.time() - enqueued_ms / 1000)
+    QUEUE_WAIT_SECONDS.labels(lane).observe(wait_s)
+    return wait_s
 
 
 Readiness = Callable[[], tuple[bool, dict[str, Any]]]

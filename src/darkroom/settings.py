@@ -115,6 +115,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # The operator's page: large downloads streamed at once, and the age of its counts.
     web_downloads: int = 4
     web_snapshot_s: float = 2.0
+    # Lanes (docs/lanes.md): render slots only interactive work may use, on top of
+    # `concurrency`; and the share of the regular in-flight places bulk keeps while
+    # interactive load is sustained.
+    interactive_slots: int = 1
+    bulk_floor: float = 0.25
 
     @property
     def bulk_stream_key(self) -> str:
@@ -123,6 +128,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def in_flight_bound(self) -> int:
         return self.max_in_flight or 2 * self.concurrency
+
+    @property
+    def interactive_places(self) -> int:
+        """In-flight places reserved for interactive: two per reserved render slot, as the
+        regular places are two per slot by default (one renders, one downloads)."""
+        return 2 * self.interactive_slots
 
 
 T = TypeVar("T")
@@ -159,6 +170,8 @@ MINIMUMS: dict[str, float] = {
     "web_downloads": 1,
     "web_snapshot_s": 0.5,  # no setting turns the shared snapshot into a count per request
     "render_max_rss_mb": 64,  # a warm process is about 40 MB: each would be replaced
+    "interactive_slots": 0,  # 0: no reserved slot (interactive then waits behind bulk)
+    "bulk_floor": 0.0,
 }
 
 
@@ -279,6 +292,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "storage_probe_key": _probe_key,
     "web_downloads": _bounded("web_downloads", int),
     "web_snapshot_s": _bounded("web_snapshot_s", float),
+    "interactive_slots": _bounded("interactive_slots", int),
+    "bulk_floor": _bounded("bulk_floor", float),
 }
 
 
@@ -342,6 +357,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             " and on a Redis Cluster its keys must be in one slot)",
         )
     _check_bulk_stream(settings)
+    if settings.bulk_floor > 1:
+        raise SettingsError("DARKROOM_BULK_FLOOR", "must be a share of at most 1")
     return settings
 
 

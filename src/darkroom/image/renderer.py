@@ -1,6 +1,7 @@
 """The render slots: a pool of warm, isolated render processes that run the libvips pipeline.
 
-`RenderPool` owns every render slot (`DARKROOM_CONCURRENCY`): one long-lived process per
+`RenderPool` owns every render slot (`DARKROOM_CONCURRENCY`, plus the
+`DARKROOM_INTERACTIVE_SLOTS` only interactive photos may use): one long-lived process per
 slot, forked from a forkserver that has already imported libvips, rendering one photo at a
 time. Like a prefork pool (Celery's max_tasks_per_child / max_memory_per_child, gunicorn's
 max_requests), a process is retired after `renders_per_process` photos or when its resident
@@ -20,7 +21,7 @@ import resource
 import signal
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing import spawn
 from multiprocessing.connection import Connection
@@ -166,6 +167,35 @@ def _rss_mb() -> int:
 # -- the pool ---------------------------------------------------------------------------------
 
 
+@dataclass
+class _Slots:
+    """Free render slots: `regular` for any photo, `reserved` for interactive ones alone.
+    An interactive photo takes a reserved slot first, so regular ones stay bulk's."""
+
+    regular: int
+    reserved: int
+    _changed: anyio.Event | None = None  # made on first wait: inside the event loop
+
+    def _take(self, interactive: bool) -> str | None:
+        for kind in ("reserved", "regular") if interactive else ("regular",):
+            if getattr(self, kind):
+                setattr(self, kind, getattr(self, kind) - 1)
+                return kind
+        return None
+
+    async def acquire(self, interactive: bool) -> str:
+        while (kind := self._take(interactive)) is None:
+            self._changed = self._changed or anyio.Event()
+            await self._changed.wait()
+        return kind
+
+    def release(self, kind: str) -> None:
+        setattr(self, kind, getattr(self, kind) + 1)
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+
 @dataclass(eq=False)
 class _Child:
     """One render process and the parent's end of its pipe."""
@@ -205,20 +235,21 @@ class RenderPool:
         renders_per_process: int,
         max_rss_mb: int,
         vips_threads: int | None = None,
+        reserved: int = 0,
     ) -> None:
-        self.slots = slots
+        self.slots = slots + reserved  # one warm process per slot, reserved ones included
         self.max_pixels = max_pixels
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.renders_per_process = renders_per_process
         self.max_rss_mb = max_rss_mb
-        self.vips_threads = vips_threads or vips_threads_for(slots)
+        self.vips_threads = vips_threads or vips_threads_for(self.slots)
         self.started = 0  # processes started, for tests and the benchmark
         self.retired: Counter[str] = Counter()  # why processes ended
-        self._free = anyio.Semaphore(slots)
+        self._free = _Slots(slots, reserved)
         self._idle: list[_Child] = []
         self._closed = False
-        self._threads = anyio.CapacityLimiter(slots)  # pipe waits, off anyio's shared pool
+        self._threads = anyio.CapacityLimiter(self.slots)  # pipe waits, off anyio's shared pool
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RenderPool:
@@ -229,6 +260,7 @@ class RenderPool:
             memory_mb=settings.render_memory_mb,
             renders_per_process=settings.renders_per_process,
             max_rss_mb=settings.render_max_rss_mb,
+            reserved=settings.interactive_slots,
         )
 
     async def __aenter__(self) -> RenderPool:
@@ -258,10 +290,20 @@ class RenderPool:
         """Process ids of the idle render processes (for tests and the benchmark)."""
         return [child.process.pid for child in self._idle]
 
-    async def render(self, data: bytes, specs: Sequence[RenditionSpec]) -> RenderResult:
+    async def render(
+        self,
+        data: bytes,
+        specs: Sequence[RenditionSpec],
+        *,
+        interactive: bool = False,
+        started: Callable[[], object] | None = None,
+    ) -> RenderResult:
         """Render in a warm process; raises the render's DarkroomError, or timeout, crash
-        and out-of-memory codes. A cancelled render kills and reaps its process."""
-        async with self._free:
+        and out-of-memory codes. A cancelled render kills and reaps its process.
+        `interactive` may use a reserved slot; `started` is called once a slot is taken."""
+        async with self._slot(interactive):
+            if started is not None:
+                started()
             child = self._idle.pop() if self._idle else await self._spawn()
             reply = await self._exchange(child, (data, tuple(specs), self.max_pixels))
             if reply[0] == "died":
@@ -272,6 +314,14 @@ class RenderPool:
         if kind == "error":
             raise value
         return value  # type: ignore[no-any-return]
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, interactive: bool) -> AsyncIterator[None]:
+        kind = await self._free.acquire(interactive)
+        try:
+            yield
+        finally:
+            self._free.release(kind)
 
     async def _exchange(self, child: _Child, request: Any) -> tuple[Any, ...]:
         done = False

@@ -619,7 +619,7 @@ async def reconnect(pool: Pool) -> None:
 # page after ($3, $4). Served by photos_sweep_idx on (last_activity_at, id): the cost of a
 # page does not grow with the backlog (no sort of every unfinished photo).
 STALE_SQL = """
-SELECT p.id, p.last_activity_at, j.stream_entry,
+SELECT p.id, p.last_activity_at, j.stream_entry, p.lane, p.enqueued_at IS NULL AS unfed,
        (extract(epoch FROM p.last_activity_at) * 1000)::bigint AS last_activity_ms
 FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
 WHERE p.processing_state IN ('uploaded', 'processing')
@@ -663,7 +663,7 @@ async def photos_of_entries(pool: Pool, entry_ids: list[str]) -> list[uuid.UUID]
 
 REQUEUED_SQL = """
 WITH photo AS (
-    UPDATE photos SET last_activity_at = now() WHERE id = $1 RETURNING id
+    UPDATE photos SET last_activity_at = now(), enqueued_at = now() WHERE id = $1 RETURNING id
 )
 INSERT INTO photo_jobs AS j (photo_id, type, state, stream_entry)
 SELECT id, 'process', 'pending', $2 FROM photo
