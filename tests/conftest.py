@@ -211,7 +211,7 @@ def _env(tmp_path: Path, database_url: str, storage: dict[str, str]) -> Iterator
     env = Env(vars=env_vars(database_url, storage), redis=client, tmp=tmp_path)
     yield env
     env.kill_workers()
-    client.delete(env.stream, env.dead)
+    client.delete(env.stream, env.dead, f"{env.stream}:bulk")
     client.close()
 
 
