@@ -13,12 +13,14 @@ import msgspec
 import pytest
 import redis.asyncio
 
+from darkroom import sweeper
+from darkroom.errors import SettingsError
 from darkroom.image.renderer import _Slots
 from darkroom.queue import admission
 from darkroom.queue.admission import Places, Reads
 from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
-from darkroom.settings import Settings
+from darkroom.settings import Settings, from_env
 from darkroom.store import db
 from darkroom.store.storage import FileStorage
 from darkroom.worker import Worker
@@ -33,6 +35,21 @@ def test_a_floor_share_above_zero_keeps_at_least_one_place() -> None:
     """A quarter of 4 places is 1, of 1 place still 1; a share of 0 keeps none."""
     assert (Places.of(4, 2, 0.25).floor, Places.of(1, 2, 0.25).floor) == (1, 1)
     assert (Places.of(8, 2, 0.25).floor, Places.of(4, 2, 0.0).floor) == (2, 0)
+
+
+def test_a_bulk_floor_above_one_is_refused() -> None:
+    """DARKROOM_BULK_FLOOR is a share of the regular places: 1.5 names the variable."""
+    with pytest.raises(SettingsError) as caught:
+        from_env({"DARKROOM_BULK_FLOOR": "1.5"})
+    assert caught.value.variable == "DARKROOM_BULK_FLOOR"
+
+
+def test_the_sweep_looks_for_a_photo_in_its_own_lane_and_leaves_unfed_bulk_to_the_feeder() -> None:
+    """A bulk photo not fed yet is not lost; one fed is looked for in the bulk stream."""
+    assert sweeper.is_in_stream_of({"lane": "bulk", "unfed": False}, "bulk")
+    assert not sweeper.is_in_stream_of({"lane": "bulk", "unfed": True}, "bulk")
+    assert not sweeper.is_in_stream_of({"lane": "bulk", "unfed": False}, "interactive")
+    assert sweeper.is_in_stream_of({"lane": "interactive", "unfed": True}, "interactive")
 
 
 def test_interactive_gets_its_reserved_places_while_bulk_fills_every_regular_one() -> None:

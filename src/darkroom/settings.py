@@ -171,7 +171,7 @@ MINIMUMS: dict[str, float] = {
     "web_snapshot_s": 0.5,  # no setting turns the shared snapshot into a count per request
     "render_max_rss_mb": 64,  # a warm process is about 40 MB: each would be replaced
     "interactive_slots": 0,  # 0: no reserved slot (interactive then waits behind bulk)
-    "bulk_floor": 0.0,
+    "bulk_floor": 0.0,  # a share, at most 1 (from_env)
 }
 
 
