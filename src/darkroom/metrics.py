@@ -120,6 +120,17 @@ DEAD_LETTERS = Gauge(
     "darkroom_dead_letters", "Entries in the dead-letter stream", registry=QUEUE_REGISTRY
 )
 PHOTOS = Gauge("darkroom_photos", "Photos by state", ["state"], registry=QUEUE_REGISTRY)
+# ---- lanes (issue 13): the same per lane, and how long each lane's oldest entry waited
+LANE_LENGTH = Gauge("darkroom_lane_length", "Entries in a lane's work stream", ["lane"],
+                    registry=QUEUE_REGISTRY)  # fmt: skip
+LANE_LAG = Gauge("darkroom_lane_lag", "A lane's entries not yet delivered", ["lane"],
+                 registry=QUEUE_REGISTRY)  # fmt: skip
+LANE_OLDEST_WAIT_SECONDS = Gauge(
+    "darkroom_lane_oldest_wait_seconds",
+    "Age of the oldest entry still in a lane's stream",
+    ["lane"],
+    registry=QUEUE_REGISTRY,
+)
 # What the page itself costs: one snapshot is one count query, however many viewers.
 WEB_SNAPSHOTS = Counter(
     "darkroom_web_snapshots_total",
@@ -154,4 +165,8 @@ def queue_metrics(report: dict[str, Any]) -> bytes:
     DEAD_LETTERS.set(report["dead_letters"])
     for state in ("uploaded", "processing", "processed", "processing_failed"):
         PHOTOS.labels(state).set(report["photos"].get(state, 0))
+    for lane, numbers in report.get("lanes", {}).items():
+        LANE_LENGTH.labels(lane).set(numbers["length"])
+        LANE_LAG.labels(lane).set(numbers["lag"] or 0)
+        LANE_OLDEST_WAIT_SECONDS.labels(lane).set(numbers.get("oldest_wait_s") or 0)
     return generate_latest(QUEUE_REGISTRY)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,7 +34,14 @@ async def status_report(pool: db.Pool, streams: Streams) -> dict[str, Any]:
     by_state, failures = await db.photo_counts(pool)
     report = {**await streams.status(), "photos": by_state, "failures": failures}
     mark_idle(report["consumers"])
+    for lane in report["lanes"].values():
+        lane["oldest_wait_s"] = oldest_wait_s(lane["oldest_entry_ms"], time.time())
     return report
+
+
+def oldest_wait_s(oldest_ms: int | None, now_s: float) -> float | None:
+    """How long a lane's oldest entry has waited (a clock behind Redis's reads 0)."""
+    return None if oldest_ms is None else round(max(0.0, now_s - oldest_ms / 1000), 1)
 
 
 def mark_idle(consumers: list[dict[str, Any]], bound_ms: int = IDLE_BOUND_MS) -> None:
@@ -58,6 +66,10 @@ def _format_status(report: dict[str, Any]) -> str:
         f"stream        {report['stream']}  length={report['length']}",
         f"group         {report['group']}  lag={report['lag']}  pending={report['pending']}",
         f"dead letters  {report['dead_letter_stream']}  length={report['dead_letters']}",
+        "lanes",
+        *(f"  {lane:<12} {v['stream']}  length={v['length']}  lag={v['lag']}  "
+          f"pending={v['pending']}  oldest_wait_s={v.get('oldest_wait_s')}"
+          for lane, v in report.get("lanes", {}).items()),
         "consumers",
         *(f"  {c['name']:<40} pending={c['pending']:<6} idle_ms={c['idle_ms']}"
           + (stale if c["idle_past_bound"] else "") for c in report["consumers"]),
@@ -76,12 +88,12 @@ async def cmd_photos(settings: Settings, args: argparse.Namespace) -> int:
         print(msgspec.json.encode(rows).decode())
         return 0
     header = f"{'photo_id':<36}  {'state':<17}  {'format':<6}  {'size':>11}  {'bytes':>9}  "
-    print(header + "renditions  attempt  error_code")
+    print(header + "renditions  attempt  lane         tenant      error_code")
     for r in rows:
         size = f"{r['width']}x{r['height']}" if r["width"] else "-"
         print(f"{r['id']!s:<36}  {r['processing_state']:<17}  {r['format'] or '-':<6}  "
               f"{size:>11}  {r['bytes'] or 0:>9}  {r['renditions']:>10}  {r['attempt']:>7}  "
-              f"{r['error_code'] or ''}")  # fmt: skip
+              f"{r['lane']:<11}  {r['tenant'] or '-':<10}  {r['error_code'] or ''}")  # fmt: skip
     return 0
 
 

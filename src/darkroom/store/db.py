@@ -568,7 +568,8 @@ async def list_photos(pool: Pool, state: str | None, limit: int) -> list[dict[st
         """
         SELECT p.id, p.processing_state, p.visibility, p.format, p.width, p.height, p.bytes,
                p.error_code, coalesce(j.attempt, 0) AS attempt,
-               coalesce(jsonb_array_length(p.renditions), 0) AS renditions, p.updated_at
+               coalesce(jsonb_array_length(p.renditions), 0) AS renditions, p.updated_at,
+               p.lane, p.tenant
         FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
         WHERE $1::text IS NULL OR p.processing_state = $1
         ORDER BY p.updated_at DESC, p.id LIMIT $2
