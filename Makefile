@@ -65,7 +65,7 @@ chaos: $(STAMP) services
 	$(BIN)/pytest -m chaos -s tests/chaos
 
 # Each bench script rewrites only its own section of docs/benchmarks.md: add scripts here.
-BENCH_SCRIPTS := bench/render.py bench/pool.py bench/e2e.py bench/sweep.py bench/pages.py
+BENCH_SCRIPTS := bench/render.py bench/pool.py bench/e2e.py bench/sweep.py bench/pages.py bench/lanes.py
 BENCH_STAMP   := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): pyproject.toml $(STAMP)
