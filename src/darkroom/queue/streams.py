@@ -488,16 +488,22 @@ class Streams:
     @translated
     async def remove_consumer_if_idle(self, name: str, min_idle_ms: int) -> bool:
         """XGROUP DELCONSUMER discards the consumer's pending entries, so the check (nothing
-        pending, idle at least `min_idle_ms`) and the delete run as one script: an entry
-        delivered to it in between cannot be lost. True if it was removed."""
+        pending, idle at least `min_idle_ms`) and the delete run as one script per lane's
+        stream: an entry delivered to it in between cannot be lost. True if it was removed
+        from every stream that knew it (one still holding bulk work stays there)."""
+        found = [r for r in [await view._remove_if_idle(name, min_idle_ms) for view in
+                             self.lanes()] if r != -1]  # fmt: skip
+        return bool(found) and all(r == 1 for r in found)
+
+    async def _remove_if_idle(self, name: str, min_idle_ms: int) -> int:
+        """1 removed, 0 kept, -1 unknown in this stream."""
         try:
             args: list[str | int] = [self.group, name, min_idle_ms]
-            removed = await self._run(_DELCONSUMER_IF_IDLE, [self.stream], args)
+            return int(await self._run(_DELCONSUMER_IF_IDLE, [self.stream], args))
         except rx.ResponseError as exc:
             if _no_group(exc) or "no such key" in str(exc):
-                return False
+                return -1
             raise
-        return int(removed) == 1
 
     async def remove_self_if_idle(self) -> bool:
         """On a clean exit: leave the group unless this consumer still holds entries (they
