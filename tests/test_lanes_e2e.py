@@ -4,6 +4,7 @@ the sweep and crash recovery (tests/feeding.py stands in for the feeder)."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
@@ -150,3 +151,15 @@ def test_a_killed_worker_s_bulk_entry_is_recovered_from_the_bulk_stream(file_env
     assert state(file_env, photo_id) == ("processed", "published", 2)
     assert file_env.redis.xlen(bulk_stream(file_env)) == 0
     assert file_env.redis.xlen(file_env.stream) == 0
+
+
+def test_status_and_photos_show_each_lane(file_env: Env) -> None:
+    """`status --json` gives each lane's backlog, lag and oldest wait; `photos` its lane."""
+    [photo_id] = ingest(file_env, [PHOTOS / "4.webp"], "--lane", "bulk", "--tenant", "acme")
+    feed_bulk(file_env)
+    report = json.loads(file_env.cli("status", "--json").stdout)
+    bulk = report["lanes"]["bulk"]
+    assert (bulk["length"], bulk["pending"], report["lanes"]["interactive"]["length"]) == (1, 0, 0)
+    assert bulk["oldest_wait_s"] is not None and bulk["oldest_wait_s"] >= 0
+    line = next(x for x in file_env.cli("photos").stdout.splitlines() if str(photo_id) in x)
+    assert "bulk" in line.split() and "acme" in line.split()
