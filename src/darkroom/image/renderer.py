@@ -243,7 +243,9 @@ class RenderPool:
         self.memory_mb = memory_mb
         self.renders_per_process = renders_per_process
         self.max_rss_mb = max_rss_mb
-        self.vips_threads = vips_threads or vips_threads_for(self.slots)
+        # Sized for the regular slots: a reserved slot is idle most of the time, and bulk
+        # alone must not lose threads to it (an upload's render briefly oversubscribes).
+        self.vips_threads = vips_threads or vips_threads_for(slots)
         self.started = 0  # processes started, for tests and the benchmark
         self.retired: Counter[str] = Counter()  # why processes ended
         self._free = _Slots(slots, reserved)
