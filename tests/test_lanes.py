@@ -4,6 +4,7 @@ regular place, bulk keeps its floor, and every entry stays in its own lane's str
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import redis.asyncio
 
 from darkroom import sweeper
 from darkroom.errors import SettingsError
-from darkroom.image.renderer import _Slots
+from darkroom.image.renderer import REGULAR_NICE, _Slots
 from darkroom.queue import admission
 from darkroom.queue.admission import Places, Reads
 from darkroom.queue.messages import Entry, task_fields
@@ -26,6 +27,7 @@ from darkroom.store.storage import FileStorage
 from darkroom.worker import Worker
 from tests.conftest import REDIS_URL
 from tests.faults import FakeClock
+from tests.test_renderer import DEFAULTS, HEIC, SMALL, pool
 
 # concurrency 2: 4 regular places, 2 reserved (one reserved slot), a floor of 1
 PLACES = Places.of(4, 2, 0.25)
@@ -94,6 +96,26 @@ async def test_an_interactive_render_takes_a_reserved_slot_while_bulk_holds_the_
     slots.release("regular")
     with anyio.fail_after(1):
         assert await slots.acquire(interactive=False) == "regular"
+
+
+async def test_an_upload_renders_beside_a_full_bulk_load_in_a_process_that_is_not_nicer() -> None:
+    """With a reserved slot, the regular slots' processes run at a lower CPU priority, and
+    an interactive render started while the regular slot is busy finishes first."""
+    renderer = pool(1, reserved=1)
+    async with renderer:
+        nice = {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in renderer.pids()}
+        assert sorted(nice.values()) == [os.nice(0), os.nice(0) + REGULAR_NICE]
+        finished: list[str] = []
+
+        async def render(lane: str, data: bytes) -> None:
+            await renderer.render(data, DEFAULTS, interactive=lane == "interactive")
+            finished.append(lane)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(render, "bulk", HEIC)
+            await anyio.sleep(0.1)
+            tg.start_soon(render, "interactive", SMALL)
+    assert finished == ["interactive", "bulk"]
 
 
 @pytest.fixture

@@ -89,10 +89,12 @@ def vips_threads_for(slots: int) -> int:
 # -- the render process -----------------------------------------------------------------------
 
 
-def _serve(conn: Connection, memory_mb: int, vips_threads: int) -> None:
+def _serve(conn: Connection, memory_mb: int, vips_threads: int, nice: int = 0) -> None:
     """Render requests one at a time until the pool closes the pipe (EOF) or memory ran out."""
     # Ctrl-C reaches the whole process group; only the worker decides when a render stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if nice:
+        os.nice(nice)
     # Two malloc arenas: far less reserved address space, so the limit measures real use.
     _LIBC.mallopt(_M_ARENA_MAX, 2)
     pyvips.concurrency_set(vips_threads)
@@ -166,6 +168,10 @@ def _rss_mb() -> int:
 
 # -- the pool ---------------------------------------------------------------------------------
 
+# With reserved slots, the regular slots' processes run this much nicer: under a full bulk
+# load the CPU goes first to the worker's own loop and to an upload's render.
+REGULAR_NICE = 5
+
 
 @dataclass
 class _Slots:
@@ -203,6 +209,7 @@ class _Child:
     process: Any
     conn: Connection
     renders: int = 0
+    kind: str = "regular"  # the slot it serves: "regular" or "reserved"
 
     def exchange(self, request: tuple[bytes, tuple[RenditionSpec, ...], int]) -> tuple[Any, ...]:
         """Runs in a thread: send one photo, wait for its reply; ("died",) if the pipe broke.
@@ -249,6 +256,8 @@ class RenderPool:
         self.started = 0  # processes started, for tests and the benchmark
         self.retired: Counter[str] = Counter()  # why processes ended
         self._free = _Slots(slots, reserved)
+        self._nice = {"regular": REGULAR_NICE if reserved else 0, "reserved": 0}
+        self._sizes = {"regular": slots, "reserved": reserved}
         self._idle: list[_Child] = []
         self._closed = False
         self._threads = anyio.CapacityLimiter(self.slots)  # pipe waits, off anyio's shared pool
@@ -276,8 +285,9 @@ class RenderPool:
 
     async def start(self) -> None:
         """Warm every slot now, so the first photos pay no process start."""
-        while len(self._idle) < self.slots:
-            self._idle.append(await self._spawn())
+        for kind, size in self._sizes.items():
+            while sum(child.kind == kind for child in self._idle) < size:
+                self._idle.append(await self._spawn(kind))
 
     async def close(self) -> None:
         """End the idle processes: EOF asks them to exit, a kill ends the ones that do not."""
@@ -303,10 +313,10 @@ class RenderPool:
         """Render in a warm process; raises the render's DarkroomError, or timeout, crash
         and out-of-memory codes. A cancelled render kills and reaps its process.
         `interactive` may use a reserved slot; `started` is called once a slot is taken."""
-        async with self._slot(interactive):
+        async with self._slot(interactive) as kind:
             if started is not None:
                 started()
-            child = self._idle.pop() if self._idle else await self._spawn()
+            child = self._take_idle(kind) or await self._spawn(kind)
             reply = await self._exchange(child, (data, tuple(specs), self.max_pixels))
             if reply[0] == "died":
                 await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
@@ -318,12 +328,18 @@ class RenderPool:
         return value  # type: ignore[no-any-return]
 
     @contextlib.asynccontextmanager
-    async def _slot(self, interactive: bool) -> AsyncIterator[None]:
+    async def _slot(self, interactive: bool) -> AsyncIterator[str]:
         kind = await self._free.acquire(interactive)
         try:
-            yield
+            yield kind
         finally:
             self._free.release(kind)
+
+    def _take_idle(self, kind: str) -> _Child | None:
+        for i in range(len(self._idle) - 1, -1, -1):
+            if self._idle[i].kind == kind:
+                return self._idle.pop(i)
+        return None
 
     async def _exchange(self, child: _Child, request: Any) -> tuple[Any, ...]:
         done = False
@@ -364,18 +380,17 @@ class RenderPool:
             return "renders"
         return "rss" if rss_mb > self.max_rss_mb else None
 
-    async def _spawn(self) -> _Child:
+    async def _spawn(self, kind: str = "regular") -> _Child:
         ctx = _forkserver()
         ours, theirs = ctx.Pipe(duplex=True)
-        process = ctx.Process(
-            target=_serve, args=(theirs, self.memory_mb, self.vips_threads), daemon=True
-        )
+        args = (theirs, self.memory_mb, self.vips_threads, self._nice[kind])
+        process = ctx.Process(target=_serve, args=args, daemon=True)
         try:
             await anyio.to_thread.run_sync(_start, process, limiter=self._threads)
         finally:
             theirs.close()
         self.started += 1
-        return _Child(process, ours)
+        return _Child(process, ours, kind=kind)
 
     async def _reap(self, child: _Child, reason: str, *, timeout_s: float | None = None) -> None:
         """Wait for the process to end (killing it after `timeout_s`), even when cancelled."""
