@@ -163,3 +163,22 @@ def test_status_and_photos_show_each_lane(file_env: Env) -> None:
     assert bulk["oldest_wait_s"] is not None and bulk["oldest_wait_s"] >= 0
     line = next(x for x in file_env.cli("photos").stdout.splitlines() if str(photo_id) in x)
     assert "bulk" in line.split() and "acme" in line.split()
+
+
+def test_a_library_re_render_goes_through_bulk_unless_told_otherwise(file_env: Env) -> None:
+    """`enqueue --rerender --since` hands every photo to the feeder (bulk); named photos
+    keep their lane; `--lane interactive` XADDs them."""
+    [photo_id] = ingest(file_env, [PHOTOS / "4.webp"])
+    file_env.cli("run", "--drain")
+    since = ("enqueue", "--rerender", "--state", "processed", "--since", "2000-01-01")
+    assert file_env.cli(*since).stdout.split() == [str(photo_id), "feeder"]
+    row = lane_of(file_env, photo_id)
+    assert (row["lane"], row["enqueued_at"]) == ("bulk", None)
+    assert file_env.redis.xlen(file_env.stream) == 0
+    assert feed_bulk(file_env) == [photo_id]
+    file_env.cli("run", "--drain")
+    done = file_env.query("SELECT rerender_requested_at FROM photos WHERE id = $1", photo_id)
+    assert done[0]["rerender_requested_at"] is None, "re-rendered through the bulk lane"
+    out = file_env.cli(*since, "--lane", "interactive").stdout.split()
+    assert out[0] == str(photo_id) and out[1] != "feeder"
+    assert lane_of(file_env, photo_id)["lane"] == "interactive"
