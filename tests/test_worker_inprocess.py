@@ -36,7 +36,7 @@ async def worker(database_url: str, tmp_path: Path) -> AsyncIterator[Worker]:
                         dead_letter_stream=streams.dead_stream)  # fmt: skip
     await streams.ensure_group()
     yield Worker(settings, pool, streams, FileStorage(tmp_path / "storage"), clock=FakeClock())
-    await client.delete(streams.stream, streams.dead_stream)
+    await client.delete(*streams.lane_streams.values(), streams.dead_stream)
     await client.aclose()
     await pool.close()
 
