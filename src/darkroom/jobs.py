@@ -286,7 +286,10 @@ class Jobs:
             return "already"
         code = claim.error_code or "internal_error"
         stage = ERROR_CODES[code].stage if code in ERROR_CODES else "process"
-        await self._write_dead_letter(entry, deliveries, code, claim.last_error or "", stage)
+        if not await self._write_dead_letter(
+            entry, deliveries, code, claim.last_error or "", stage
+        ):
+            return "busy"  # another consumer holds the entry now: its letter, its ack
         return "failed"
 
     async def _upload(self, photo_id: uuid.UUID, result: RenderResult) -> list[dict[str, Any]]:
@@ -406,12 +409,14 @@ class Jobs:
                     return "not_owner"  # the re-render's new owner acks its entry itself
                 await self._stream(entry).ack(entry.id)
                 return "rerender_failed" if rerender else "already"
-        await self._write_dead_letter(entry, deliveries, exc.code, str(exc), exc.stage)
+        if not await self._write_dead_letter(entry, deliveries, exc.code, str(exc), exc.stage):
+            return "not_owner"  # another consumer reclaimed the entry; it writes the letter
         return "dead_lettered"
 
     async def _write_dead_letter(
         self, entry: Entry, deliveries: int, code: str, message: str, stage: str
-    ) -> None:
+    ) -> bool:
+        """False if another consumer holds the entry now (no letter written)."""
         photo_id = _photo_id(entry)
         letter = DeadLetter(
             photo_id=str(photo_id or ""),
@@ -424,7 +429,7 @@ class Jobs:
             lane=entry.lane,
             tenant=entry.fields.get("tenant", "")[:MAX_TENANT_CHARS],
         )
-        await self._stream(entry).dead_letter(entry.id, letter.fields(entry))
+        return bool(await self._stream(entry).dead_letter(entry.id, letter.fields(entry)))
 
 
 def _wait_observer(entry: Entry, deliveries: int) -> Callable[[], object] | None:

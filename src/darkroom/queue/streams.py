@@ -195,9 +195,16 @@ redis.call('XDEL', KEYS[1], ARGV[2])
 if type(acked) == 'table' and acked.err then return redis.error_reply(acked.err) end
 return acked
 """
-# KEYS: dead stream, work stream; ARGV: maxlen, group, entry id, field, value, ...
+# KEYS: dead stream, work stream; ARGV: maxlen, group, entry id, consumer, field, value, ...
+# An entry pending with another consumer is not ours to dead-letter: it reclaimed the entry
+# while this one was slow, and will dead-letter it itself (one letter, not two). An entry
+# pending with nobody (acked, or the group lost in a restart) still gets its letter.
 DEAD_LETTER_LUA = """
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 4))
+local row = redis.pcall('XPENDING', KEYS[2], ARGV[2], ARGV[3], ARGV[3], 1)
+if type(row) == 'table' and not row.err and row[1] and row[1][2] ~= ARGV[4] then
+  return {'', 'not_owner'}
+end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 5))
 local acked = redis.pcall('XACK', KEYS[2], ARGV[2], ARGV[3])
 redis.call('XDEL', KEYS[2], ARGV[3])
 if type(acked) == 'table' and acked.err then return {id, acked.err} end
@@ -403,10 +410,19 @@ class Streams:
 
     @translated
     async def dead_letter(self, entry_id: str, fields: dict[str, str]) -> str:
-        """XADD the letter, then XACK + XDEL the entry, in one script. `fields` must be
-        bounded (messages.DeadLetter.fields: at most 75): Lua's unpack takes about 8,000."""
-        args: list[str | int] = [self.dead_maxlen, self.group, entry_id, *_flat(fields)]
+        """XADD the letter, then XACK + XDEL the entry, in one script; "" (and nothing done)
+        if another consumer holds the entry now. `fields` must be bounded
+        (messages.DeadLetter.fields: at most 75): Lua's unpack takes about 8,000."""
+        args: list[str | int] = [
+            self.dead_maxlen,
+            self.group,
+            entry_id,
+            self.consumer,
+            *_flat(fields),
+        ]
         dead_id, error = await self._run(DEAD_LETTER_LUA, [self.dead_stream, self.stream], args)
+        if error == "not_owner":
+            return ""
         if error and not _no_group(rx.ResponseError(error)):
             raise rx.ResponseError(error)
         return str(dead_id)
