@@ -212,7 +212,7 @@ def _env(tmp_path: Path, database_url: str, storage: dict[str, str]) -> Iterator
     env = Env(vars=env_vars(database_url, storage), redis=client, tmp=tmp_path)
     yield env
     env.kill_workers()
-    client.delete(env.stream, env.dead, env.vars["DARKROOM_EVENTS_STREAM"])
+    client.delete(env.stream, env.dead, f"{env.stream}:bulk", env.vars["DARKROOM_EVENTS_STREAM"])
     client.close()
 
 

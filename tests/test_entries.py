@@ -30,7 +30,7 @@ from tests.test_web import start_web
 
 GOOD = PHOTOS / "animated-loop-3.gif"  # the cheapest sample to render
 OURS = {"photo_id", "source_id", "error_code", "error", "attempts", "stage", "consumer",
-        "failed_at", "field_count"}  # fmt: skip
+        "failed_at", "field_count", "lane", "tenant"}  # fmt: skip
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

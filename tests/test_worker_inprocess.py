@@ -36,7 +36,7 @@ async def worker(database_url: str, tmp_path: Path) -> AsyncIterator[Worker]:
                         dead_letter_stream=streams.dead_stream)  # fmt: skip
     await streams.ensure_group()
     yield Worker(settings, pool, streams, FileStorage(tmp_path / "storage"), clock=FakeClock())
-    await client.delete(streams.stream, streams.dead_stream)
+    await client.delete(*streams.lane_streams.values(), streams.dead_stream)
     await client.aclose()
     await pool.close()
 
@@ -138,3 +138,19 @@ def test_run_drain_exits_non_zero_when_its_final_sweep_fails(file_env: Env) -> N
         admin.close()
     assert result.returncode == 1, result.stderr
     assert "final sweep failed; drain incomplete" in result.stderr
+
+
+async def test_a_consumer_that_lost_the_entry_writes_no_dead_letter_for_it(
+    worker: Worker,
+) -> None:
+    """A slow consumer's dead letter for an entry another consumer reclaimed is refused:
+    the new owner writes the one letter (the chaos test once saw two for one entry)."""
+    client, a = worker.streams.client, worker.streams
+    b = Streams(client, a.stream, "darkroom", "w2", a.dead_stream)
+    entry_id = await a.enqueue({"bad": "entry"})
+    [_] = await a.read_new(1, 100)
+    await client.xclaim(a.stream, "darkroom", "w2", 0, [entry_id])
+    assert await a.dead_letter(entry_id, {"photo_id": ""}) == ""
+    assert await client.xlen(a.dead_stream) == 0
+    assert await b.dead_letter(entry_id, {"photo_id": ""})
+    assert await client.xlen(a.dead_stream) == 1 and await client.xlen(a.stream) == 0

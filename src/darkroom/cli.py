@@ -23,14 +23,17 @@ from darkroom import __version__, metrics
 from darkroom.errors import DarkroomError, SettingsError, first_error
 from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
+from darkroom.image.cost import cost_of
 from darkroom.operate import events as events_command
 from darkroom.operate import gc, history, ops, web
 from darkroom.operate.progress import Progress, parse_rate
+from darkroom.queue.lanes import parse_lane, parse_tenant
 from darkroom.queue.messages import task_fields
 from darkroom.queue.streams import Streams
 from darkroom.services import services, storage_for
 from darkroom.settings import Settings, from_env, redact, servers
 from darkroom.store import db
+from darkroom.store import lanes as store_lanes
 from darkroom.worker import Worker
 
 log = structlog.get_logger("darkroom.cli")
@@ -99,7 +102,7 @@ SUBCOMMANDS = {
     ),
     "ingest": (
         "do what a producer does: store originals, insert photos rows, XADD them",
-        "darkroom ingest ~/Pictures/*.jpg > photo-ids.txt",
+        "darkroom ingest --lane bulk --tenant acme ~/Pictures/*.jpg > photo-ids.txt",
     ),
     "enqueue": (
         "XADD existing photos again, or re-render processed ones (--rerender)",
@@ -161,6 +164,15 @@ def _no_arguments(command: argparse.ArgumentParser) -> None:
 
 def _ingest_arguments(ingest: argparse.ArgumentParser) -> None:
     ingest.add_argument("files", nargs="+", type=Path)
+    _lane_arguments(ingest, "interactive")
+
+
+def _lane_arguments(command: argparse.ArgumentParser, default: str | None) -> None:
+    kept = f"default {default}" if default else "default: the photo's own"
+    lane_help = f"interactive (XADD now) or bulk (fed fairly by tenant); {kept}"
+    command.add_argument("--lane", type=parse_lane, default=default, help=lane_help)
+    tenant_help = "whose photos these are (bulk shares are fair between tenants)"
+    command.add_argument("--tenant", type=parse_tenant, default=None, help=tenant_help)
 
 
 def _enqueue_arguments(enqueue: argparse.ArgumentParser) -> None:
@@ -170,6 +182,8 @@ def _enqueue_arguments(enqueue: argparse.ArgumentParser) -> None:
     )
     enqueue.add_argument("--state", choices=["processed"], help="with --since: select by state")
     enqueue.add_argument("--since", type=_timestamp, help="with --state processed: processed since")
+    # --rerender --since without --lane: bulk (a whole library must not hold up uploads)
+    _lane_arguments(enqueue, None)
 
 
 def _retry_arguments(retry: argparse.ArgumentParser) -> None:
@@ -303,15 +317,19 @@ async def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
     if missing:
         print(f"darkroom: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
+    tenant = args.tenant or ""
     async with services(settings, 2) as (pool, streams), storage_for(settings) as storage:
         await streams.ensure_group()
         progress = Progress(len(args.files), "ingested", sys.stderr)
         for path in args.files:
             photo_id = uuid.uuid4()
             key = f"originals/{photo_id}/{_safe_name(path.name)}"
-            await storage.put(key, await anyio.Path(path).read_bytes(), "application/octet-stream")
-            await db.insert_photo(pool, photo_id, key)
-            await streams.enqueue(task_fields(photo_id))
+            data = await anyio.Path(path).read_bytes()
+            await storage.put(key, data, "application/octet-stream")
+            cost = await anyio.to_thread.run_sync(cost_of, data)
+            await store_lanes.insert_photo(pool, photo_id, key, args.lane, tenant, cost)
+            if args.lane == "interactive":  # bulk: the feeder XADDs it
+                await streams.enqueue(task_fields(photo_id))
             progress.advance()
             progress.line(str(photo_id), sys.stdout)
         progress.finish()
@@ -337,7 +355,8 @@ async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
     async with services(settings, 1) as (pool, streams):
         await streams.ensure_group()
         for photo_id in args.photo_ids:
-            print(await ops.enqueue_again(pool, streams, photo_id), flush=True)
+            sent = await ops.enqueue_again(pool, streams, photo_id, args.lane, args.tenant)
+            print(sent, flush=True)
     return 0
 
 

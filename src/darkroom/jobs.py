@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,8 @@ from darkroom.image.pipeline import RenderResult
 from darkroom.image.renderer import RenderPool
 from darkroom.queue import policy
 from darkroom.queue.inflight import InFlight
-from darkroom.queue.messages import DeadLetter, Entry, parse_task
+from darkroom.queue.lanes import MAX_TENANT_CHARS
+from darkroom.queue.messages import DeadLetter, Entry, enqueued_ms, parse_task
 from darkroom.queue.streams import Streams
 from darkroom.recorder import Recorder
 from darkroom.settings import Settings
@@ -87,6 +89,10 @@ class Jobs:
         )
         self.recorder = Recorder(self.pool, self.streams.consumer, self.settings.history)
 
+    def _stream(self, entry: Entry) -> Streams:
+        """The entry's own lane's stream: its ack, backoff and dead letter happen there."""
+        return self.streams.for_lane(entry.lane)
+
     async def handle(self, entry: Entry, deliveries: int) -> None:
         started = time.monotonic()
         bound = log.bind(entry_id=entry.id, photo_id=_logged_photo_id(entry), deliveries=deliveries)
@@ -124,7 +130,7 @@ class Jobs:
             try:
                 outcome = outcome or await self._process(entry, deliveries)
                 if outcome != "busy":  # a busy job's entry belongs to its live owner
-                    await self.streams.ack(entry.id)
+                    await self._stream(entry).ack(entry.id)
                 return outcome
             except DarkroomError as exc:
                 if exc.stage not in DEPENDENCIES or not exc.retryable:
@@ -208,7 +214,10 @@ class Jobs:
         with self.recorder.timed(entry, "download"):
             original = await self.storage.get(claim.original_key, self.settings.max_original_bytes)
         with self.recorder.timed(entry, "render"):
-            result = await self.renderer.render(original, self.settings.renditions)
+            result = await self.renderer.render(
+                original, self.settings.renditions, interactive=entry.lane == "interactive",
+                started=_wait_observer(entry, deliveries),
+            )  # fmt: skip
         metrics.RENDER_PEAK_RSS_MB.observe(result.peak_rss_mb)
         self.recorder.attempt(entry).peak_rss_mb = result.peak_rss_mb
         with self.recorder.timed(entry, "upload"):
@@ -267,7 +276,7 @@ class Jobs:
         self.in_flight.settle(entry.id)
         handed = bool(claim.owner) and claim.last_entry == entry.id
         if handed:
-            handed = await self.streams.hand_back(entry.id, str(claim.owner))
+            handed = await self._stream(entry).hand_back(entry.id, str(claim.owner))
         log.info("job held by a live worker; stepped aside", entry_id=entry.id,
                  owner=claim.owner, handed_back=handed)  # fmt: skip
         return "busy"
@@ -280,7 +289,10 @@ class Jobs:
             return "already"
         code = claim.error_code or "internal_error"
         stage = ERROR_CODES[code].stage if code in ERROR_CODES else "process"
-        await self._write_dead_letter(entry, deliveries, code, claim.last_error or "", stage)
+        if not await self._write_dead_letter(
+            entry, deliveries, code, claim.last_error or "", stage
+        ):
+            return "busy"  # another consumer holds the entry now: its letter, its ack
         return "failed"
 
     async def _upload(self, photo_id: uuid.UUID, result: RenderResult) -> list[dict[str, Any]]:
@@ -376,7 +388,7 @@ class Jobs:
                 self.pool, photo_id, entry.id, exc.code, str(exc), delay_ms, self.lease
             )
         idle_ms = policy.preset_idle_ms(self.settings.claim_idle_ms, delay_ms)
-        await self.streams.backoff(entry.id, idle_ms)
+        await self._stream(entry).backoff(entry.id, idle_ms)
 
     async def _dead_letter(self, entry: Entry, deliveries: int, exc: DarkroomError) -> str:
         """Record the final failure, then the dead letter. When the photo is already
@@ -400,14 +412,16 @@ class Jobs:
                     self.pool, photo_id, entry.id, consumer
                 ):
                     return "not_owner"  # the re-render's new owner acks its entry itself
-                await self.streams.ack(entry.id)
+                await self._stream(entry).ack(entry.id)
                 return "rerender_failed" if rerender else "already"
-        await self._write_dead_letter(entry, deliveries, exc.code, str(exc), exc.stage)
+        if not await self._write_dead_letter(entry, deliveries, exc.code, str(exc), exc.stage):
+            return "not_owner"  # another consumer reclaimed the entry; it writes the letter
         return "dead_lettered"
 
     async def _write_dead_letter(
         self, entry: Entry, deliveries: int, code: str, message: str, stage: str
-    ) -> None:
+    ) -> bool:
+        """False if another consumer holds the entry now (no letter written)."""
         photo_id = _photo_id(entry)
         letter = DeadLetter(
             photo_id=str(photo_id or ""),
@@ -417,8 +431,18 @@ class Jobs:
             attempts=deliveries,
             stage=stage,
             consumer=self.streams.consumer,
+            lane=entry.lane,
+            tenant=entry.fields.get("tenant", "")[:MAX_TENANT_CHARS],
         )
-        await self.streams.dead_letter(entry.id, letter.fields(entry))
+        return bool(await self._stream(entry).dead_letter(entry.id, letter.fields(entry)))
+
+
+def _wait_observer(entry: Entry, deliveries: int) -> Callable[[], object] | None:
+    """The queue wait (enqueue to render start) of a first delivery; a retry's would
+    count its backoff."""
+    if deliveries != 1:
+        return None
+    return lambda: metrics.observe_queue_wait(entry.lane, enqueued_ms(entry))
 
 
 def _logged_photo_id(entry: Entry) -> str | None:

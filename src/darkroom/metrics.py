@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
@@ -59,6 +60,21 @@ EVENTS_LAG_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
 EVENTS_RELAY = Gauge("darkroom_events_relay", "1 while this worker relays photo events")
+
+# ---- lanes (issue 13) ----
+QUEUE_WAIT_SECONDS = Histogram(
+    "darkroom_queue_wait_seconds",
+    "From a first delivery's XADD (its entry id) to its render start, by lane",
+    ["lane"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600),
+)
+
+
+def observe_queue_wait(lane: str, enqueued_ms: int) -> float:
+    """Observe and return the wait; a Redis clock ahead of ours counts as no wait."""
+    wait_s = max(0.0, time.time() - enqueued_ms / 1000)
+    QUEUE_WAIT_SECONDS.labels(lane).observe(wait_s)
+    return wait_s
 
 
 Readiness = Callable[[], tuple[bool, dict[str, Any]]]
@@ -112,6 +128,17 @@ DEAD_LETTERS = Gauge(
     "darkroom_dead_letters", "Entries in the dead-letter stream", registry=QUEUE_REGISTRY
 )
 PHOTOS = Gauge("darkroom_photos", "Photos by state", ["state"], registry=QUEUE_REGISTRY)
+# ---- lanes (issue 13): the same per lane, and how long each lane's oldest entry waited
+LANE_LENGTH = Gauge("darkroom_lane_length", "Entries in a lane's work stream", ["lane"],
+                    registry=QUEUE_REGISTRY)  # fmt: skip
+LANE_LAG = Gauge("darkroom_lane_lag", "A lane's entries not yet delivered", ["lane"],
+                 registry=QUEUE_REGISTRY)  # fmt: skip
+LANE_OLDEST_WAIT_SECONDS = Gauge(
+    "darkroom_lane_oldest_wait_seconds",
+    "Age of the oldest entry still in a lane's stream",
+    ["lane"],
+    registry=QUEUE_REGISTRY,
+)
 # What the page itself costs: one snapshot is one count query, however many viewers.
 WEB_SNAPSHOTS = Counter(
     "darkroom_web_snapshots_total",
@@ -146,4 +173,8 @@ def queue_metrics(report: dict[str, Any]) -> bytes:
     DEAD_LETTERS.set(report["dead_letters"])
     for state in ("uploaded", "processing", "processed", "processing_failed"):
         PHOTOS.labels(state).set(report["photos"].get(state, 0))
+    for lane, numbers in report.get("lanes", {}).items():
+        LANE_LENGTH.labels(lane).set(numbers["length"])
+        LANE_LAG.labels(lane).set(numbers["lag"] or 0)
+        LANE_OLDEST_WAIT_SECONDS.labels(lane).set(numbers.get("oldest_wait_s") or 0)
     return generate_latest(QUEUE_REGISTRY)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable
 
 import anyio
 
+from darkroom.queue.lanes import streams_of
 from darkroom.queue.streams import Streams, connect
 from darkroom.settings import Settings
 from darkroom.store import db
@@ -25,6 +26,7 @@ def open_streams(settings: Settings) -> Streams:
         settings.consumer,
         settings.dead_letter_stream,
         settings.dead_letter_maxlen,
+        {lane: key for lane, key in streams_of(settings).items()},
     )
 
 

@@ -125,6 +125,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     events_maxlen: int = 100_000
     events_keep_days: float = 7.0
     events_source: str = ""
+    # Lanes (docs/lanes.md): render slots only interactive work may use, on top of
+    # `concurrency`; and the share of the regular in-flight places bulk keeps while
+    # interactive load is sustained.
+    interactive_slots: int = 1
+    bulk_floor: float = 0.25
 
     @property
     def bulk_stream_key(self) -> str:
@@ -137,6 +142,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def in_flight_bound(self) -> int:
         return self.max_in_flight or 2 * self.concurrency
+
+    @property
+    def interactive_places(self) -> int:
+        """In-flight places reserved for interactive: two per reserved render slot, as the
+        regular places are two per slot by default (one renders, one downloads)."""
+        return 2 * self.interactive_slots
 
 
 T = TypeVar("T")
@@ -176,6 +187,8 @@ MINIMUMS: dict[str, float] = {
     "history_keep_days": 1.0,  # retention deletes whole days, oldest first
     "events_maxlen": 100,  # Redis trims whole stream nodes of 100 entries
     "events_keep_days": 0.01,  # about 15 minutes: a consumer away longer replays nothing
+    "interactive_slots": 0,  # 0: no reserved slot (interactive then waits behind bulk)
+    "bulk_floor": 0.0,  # a share, at most 1 (from_env)
 }
 
 
@@ -302,6 +315,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "events_maxlen": _bounded("events_maxlen", int),
     "events_keep_days": _bounded("events_keep_days", float),
     "events_source": _nonempty,
+    "interactive_slots": _bounded("interactive_slots", int),
+    "bulk_floor": _bounded("bulk_floor", float),
 }
 
 
@@ -368,6 +383,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     if settings.events_stream in (settings.stream, settings.bulk_stream_key,
                                   settings.dead_letter_stream):  # fmt: skip
         raise SettingsError("DARKROOM_EVENTS_STREAM", "must differ from the work and dead streams")
+    if settings.bulk_floor > 1:
+        raise SettingsError("DARKROOM_BULK_FLOOR", "must be a share of at most 1")
     return settings
 
 

@@ -5,7 +5,9 @@ DARKROOM_SWEEP_AFTER_S, and its entry is provably gone from the work stream: the
 its job last went through is missing, or (never delivered) every entry still in the
 stream is newer than the photo's last activity. That covers a Redis restart without
 persistence, a producer that crashed between INSERT and XADD, and entries deleted while
-pending. One worker sweeps at a time (a Postgres advisory lock).
+pending. Each photo is judged against its own lane's stream and goes back to its lane: an
+interactive one by XADD, a bulk one to the feeder (`enqueued_at = NULL`; one the feeder
+has not fed yet is not lost). One worker sweeps at a time (a Postgres advisory lock).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from darkroom import metrics
 from darkroom.queue.messages import task_fields
 from darkroom.queue.streams import Streams
 from darkroom.store import db
+from darkroom.store import lanes as store_lanes
 
 SWEEP_LOCK = "darkroom:sweep"
 BATCH = 500
@@ -31,6 +34,12 @@ def is_lost(photo: dict[str, Any], oldest_entry_ms: int | None, missing: set[str
     if entry is not None:
         return bool(entry in missing)
     return oldest_entry_ms is None or oldest_entry_ms > photo["last_activity_ms"] + CLOCK_MARGIN_MS
+
+
+def is_in_stream_of(photo: dict[str, Any], lane: str) -> bool:
+    """Pure: is this stale photo's entry to be looked for in `lane`'s stream? A bulk photo
+    not fed yet (`enqueued_at` NULL) is in none: it waits for the feeder, it is not lost."""
+    return bool(photo["lane"] == lane and not (lane == "bulk" and photo["unfed"]))
 
 
 async def sweep(pool: db.Pool, streams: Streams, after_s: float) -> list[uuid.UUID]:
@@ -60,22 +69,39 @@ async def _pass(conn: db.Connection, streams: Streams, before: datetime) -> list
 async def _requeue_lost(
     conn: db.Connection, streams: Streams, stale: list[dict[str, Any]]
 ) -> list[uuid.UUID]:
-    oldest = await streams.oldest_entry_ms()
-    missing = await streams.missing([p["stream_entry"] for p in stale if p["stream_entry"]])
-    lost = [p["id"] for p in stale if is_lost(p, oldest, missing)]
-    for photo_id in lost:
-        await requeue(conn, streams, photo_id)
+    lost: list[uuid.UUID] = []
+    for view in streams.lanes():
+        mine = [p for p in stale if is_in_stream_of(p, view.lane)]
+        if mine:
+            lost += await _requeue_lost_of(conn, view, mine)
     return lost
 
 
-async def requeue(conn: db.Pool | db.Connection, streams: Streams, photo_id: uuid.UUID) -> None:
-    entry_id = await streams.enqueue(task_fields(photo_id))
+async def _requeue_lost_of(
+    conn: db.Connection, view: Streams, stale: list[dict[str, Any]]
+) -> list[uuid.UUID]:
+    """The lost photos of one lane, judged against that lane's stream."""
+    oldest = await view.oldest_entry_ms()
+    missing = await view.missing([p["stream_entry"] for p in stale if p["stream_entry"]])
+    lost = [p["id"] for p in stale if is_lost(p, oldest, missing)]
+    for photo_id in lost:
+        await requeue(conn, view, photo_id)
+    return lost
+
+
+async def requeue(conn: db.Pool | db.Connection, view: Streams, photo_id: uuid.UUID) -> None:
+    """Back into `view`'s lane: XADD (interactive), or to the feeder (bulk)."""
+    if view.lane == "bulk":
+        await store_lanes.to_feeder(conn, photo_id)
+        return
+    entry_id = await view.enqueue(task_fields(photo_id))
     await db.record_requeued(conn, photo_id, entry_id)
 
 
-async def requeue_deleted(pool: db.Pool, streams: Streams, entry_ids: list[str]) -> list[uuid.UUID]:
-    """Pending entries deleted from the stream (XAUTOCLAIM's third element): enqueue again."""
+async def requeue_deleted(pool: db.Pool, view: Streams, entry_ids: list[str]) -> list[uuid.UUID]:
+    """Pending entries deleted from `view`'s stream (XAUTOCLAIM's third element): enqueue
+    their photos again, in that lane."""
     photos = await db.photos_of_entries(pool, entry_ids)
     for photo_id in photos:
-        await requeue(pool, streams, photo_id)
+        await requeue(pool, view, photo_id)
     return photos

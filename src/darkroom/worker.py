@@ -1,6 +1,7 @@
-"""Orchestration: intake (own pending, reclaim, new reads) into free in-flight places, one
-task per entry, the heartbeat of in-flight entries, the Postgres sweep, and the graceful
-stop. The only module that creates task groups.
+"""Orchestration: intake (own pending, reclaim, new reads) of both lanes into free
+in-flight places (queue/admission.py decides how many of each), one task per entry, the
+heartbeat of in-flight entries, the Postgres sweep, and the graceful stop. The only module
+that creates task groups.
 
 Ordering hazards: never read more entries than there are free places; never run one entry
 twice at once; stop between reads, never cancel a read in flight; take no new work while
@@ -24,7 +25,7 @@ from darkroom.errors import DarkroomError
 from darkroom.health import DEPENDENCIES, Clock, Gate, RealClock
 from darkroom.image.renderer import RenderPool
 from darkroom.jobs import Jobs
-from darkroom.queue import policy
+from darkroom.queue import admission, policy
 from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import Entry
 from darkroom.queue.pacing import Backoff, Throttle
@@ -39,6 +40,9 @@ log = structlog.get_logger("darkroom.worker")
 RECLAIM_EVERY_S = 0.5
 # A stop waits this long for the relay to publish the outcomes committed before it.
 RELAY_FLUSH_S = 5.0
+# A blocking read while bulk fills its places and has more waiting: short, so a bulk place
+# freed meanwhile is refilled soon (a read in flight is never cancelled).
+REFILL_BLOCK_MS = 100
 REPEAT_LOG_EVERY_S = 10.0
 DRAIN_SWEEP_TRIES = 3
 
@@ -56,9 +60,13 @@ class Worker:
     _changed: anyio.Event = field(default_factory=anyio.Event)
     _next_reclaim: float = 0.0
     _drain_sweep_failures: int = 0
+    # The bulk lane filled the last read it was offered: it has work waiting (its floor holds).
+    _bulk_waiting: bool = False
 
     def __post_init__(self) -> None:
-        self.in_flight: InFlight[db.Claim] = InFlight(self.settings.in_flight_bound)
+        s = self.settings
+        self.places = admission.Places.of(s.in_flight_bound, s.interactive_places, s.bulk_floor)
+        self.in_flight: InFlight[db.Claim] = InFlight(s.in_flight_bound + s.interactive_places)
         self.gate = Gate(
             {
                 "queue": self.streams.probe,
@@ -115,9 +123,10 @@ class Worker:
                     await self.streams.ensure_group()
                     # Only at start: later, what this consumer holds is in flight or backing
                     # off. Once claimed (a delivery counted), never claimed again here.
-                    own = await self.streams.read_own_pending(self.in_flight.free())
+                    for view in self.streams.lanes():
+                        own = await view.read_own_pending(self.in_flight.free())
+                        await self._dispatch(jobs, own)
                     started = True
-                    await self._dispatch(jobs, own)
                 if await self._intake_step(jobs, drain):
                     return
                 backoff.reset()
@@ -147,7 +156,7 @@ class Worker:
             await self.clock.sleep(backoff.next_s(), self.stopping)
         with contextlib.suppress(DarkroomError):
             await self.streams.ensure_group()
-            await self.streams.heartbeat(self.in_flight.heartbeat_ids())
+            await self._refresh_entries()
 
     async def _intake_step(self, jobs: TaskGroup, drain: bool) -> bool:
         """Reclaim and read once into the free places; True once drained."""
@@ -161,9 +170,42 @@ class Worker:
             self._next_reclaim = self.clock.now() + RECLAIM_EVERY_S
             if self.in_flight.free() == 0:
                 return False
-        entries = await self.streams.read_new(self.in_flight.free(), self._block_ms(drain))
+        entries = await self._read_new(drain)
         await self._dispatch(jobs, entries, fresh=True)
         return drain and not entries and await self._drained()
+
+    async def _read_new(self, drain: bool) -> list[Entry]:
+        """Interactive first, up to its room, then bulk into the regular places left, both
+        at once; only when both came back empty, one read blocking on both (an interactive
+        entry is picked up as it arrives). Below its floor, bulk's backlog is looked at
+        first: the floor keeps places only while bulk has work waiting."""
+        if self.in_flight.held("bulk") < self.places.floor:
+            self._bulk_waiting = await self.streams.for_lane("bulk").undelivered() > 0
+        interactive = await self._read_lane("interactive", self._room("interactive"))
+        bulk = await self._read_lane("bulk", self._room("bulk", len(interactive)))
+        if interactive or bulk:
+            return interactive + bulk
+        lanes = admission.blocking_reads(self.places, *self._held()).lanes()
+        block_ms = REFILL_BLOCK_MS if self._bulk_waiting else self._block_ms(drain)
+        return await self.streams.read_lanes(lanes, block_ms) if lanes else []
+
+    async def _read_lane(self, lane: str, count: int) -> list[Entry]:
+        if not count:
+            return []
+        entries = await self.streams.for_lane(lane).read_new(count, None)
+        if lane == "bulk":
+            self._bulk_waiting = len(entries) == count
+        return entries
+
+    def _held(self) -> tuple[int, int]:
+        return self.in_flight.held("interactive"), self.in_flight.held("bulk")
+
+    def _room(self, lane: str, interactive_read: int = 0) -> int:
+        """New entries `lane` may take now (bulk: after `interactive_read` more arrived)."""
+        interactive, bulk = self._held()
+        if lane == "interactive":
+            return admission.interactive_room(self.places, interactive, bulk, self._bulk_waiting)
+        return admission.bulk_room(self.places, interactive + interactive_read, bulk)
 
     def _block_ms(self, drain: bool) -> int:
         # While retries wait in the PEL, poll often enough to reclaim them on time.
@@ -187,8 +229,14 @@ class Worker:
         return not swept
 
     async def _reclaim(self, jobs: TaskGroup) -> None:
-        free = self.in_flight.free()
-        entries, deleted = await self.streams.reclaim(self.settings.claim_idle_ms, free)
+        """Each lane's stream with its own cursor, into that lane's room."""
+        for view in self.streams.lanes():
+            room = self._room(view.lane)
+            if room:
+                await self._reclaim_lane(jobs, view, room)
+
+    async def _reclaim_lane(self, jobs: TaskGroup, view: Streams, room: int) -> None:
+        entries, deleted = await view.reclaim(self.settings.claim_idle_ms, room)
         metrics.RECLAIMED.inc(len(entries))
         await self._dispatch(jobs, entries)
         if deleted:
@@ -196,7 +244,7 @@ class Worker:
             # finds the photos later.
             metrics.DELETED_WHILE_PENDING.inc(len(deleted))
             try:
-                photos = await sweeper.requeue_deleted(self.pool, self.streams, deleted)
+                photos = await sweeper.requeue_deleted(self.pool, view, deleted)
             except DarkroomError as exc:
                 log.warning("could not re-enqueue deleted entries", error=str(exc))
                 return
@@ -208,7 +256,7 @@ class Worker:
         self, jobs: TaskGroup, entries: list[Entry], *, fresh: bool = False
     ) -> None:
         for entry in entries:
-            if not self.in_flight.admit(entry.id):
+            if not self.in_flight.admit(entry.id, entry.lane):
                 # Our own entry, reclaimed because it looked idle (a heartbeat lost in an
                 # outage): it is being worked on already; never run it twice at once.
                 log.info("reclaimed an entry already in flight; not started twice",
@@ -222,7 +270,7 @@ class Worker:
         a Redis blip here must not leave it unstarted (it would cost another one): start it
         with 2, a lower bound for a reclaimed entry; the cap sees the true count next time."""
         try:
-            return await self.streams.deliveries(entry.id)
+            return await self.streams.for_lane(entry.lane).deliveries(entry.id)
         except DarkroomError as exc:
             log.warning("delivery count unknown; starting with a lower bound",
                         entry_id=entry.id, error=str(exc))  # fmt: skip
@@ -278,11 +326,12 @@ class Worker:
         throttle.clear()
 
     async def _refresh_entries(self) -> None:
-        ids = self.in_flight.heartbeat_ids()
-        kept = await self.streams.heartbeat(ids)
-        lost = [i for i in ids if i not in kept and i in self.in_flight]
-        if lost:
-            log.info("entries taken over by another consumer; not refreshed", entries=lost)
+        for view in self.streams.lanes():
+            ids = self.in_flight.heartbeat_ids(view.lane)
+            kept = await view.heartbeat(ids)
+            lost = [i for i in ids if i not in kept and i in self.in_flight]
+            if lost:
+                log.info("entries taken over by another consumer; not refreshed", entries=lost)
 
     async def _renew_leases(self) -> None:
         photos = [c.photo_id for c in self.in_flight.young_claims() if c.outcome == "claimed"]

@@ -29,12 +29,16 @@ from urllib.parse import urlsplit
 import asyncpg
 import redis
 
+from darkroom.store import db
+from tests import feeding
 from tests.conftest import AWS_ENV, PG_BASE, free_port, s3_client
 from tests.faults import DenyingS3Proxy
 
 BUCKET, PREFIX = "chaos", "photos/"
 STREAM, DEAD, GROUP = "{darkroom}:photos", "{darkroom}:dead", "darkroom"
 EVENTS = "{darkroom}:events"
+BULK = f"{STREAM}:bulk"  # the bulk lane's stream (DARKROOM_BULK_STREAM's default)
+FEED_EVERY_S = 0.5
 
 
 def wait_until(probe: Callable[[], object], what: str, timeout: float = 30.0) -> None:
@@ -221,6 +225,7 @@ class Rig:
         self.redis_proc: subprocess.Popen[bytes] | None = None
         self.workers: dict[int, Worker] = {}
         self.spawned = 0
+        self.next_feed, self.fed = 0.0, 0  # the bulk lane's feeder stand-in
         self.crashes: list[dict[str, Any]] = []  # workers that exited on their own
         self.stack = contextlib.ExitStack()
 
@@ -369,8 +374,24 @@ class Rig:
             raise AssertionError(f"darkroom {args[0]} exited {result.returncode}:\n{result.stderr}")
         return result
 
-    def ingest(self, paths: list[Path]) -> list[str]:
-        return list(self.cli("ingest", *map(str, paths)).stdout.split())
+    def ingest(self, paths: list[Path], *options: str) -> list[str]:
+        return list(self.cli("ingest", *options, *map(str, paths)).stdout.split())
+
+    def feed_bulk(self) -> None:
+        """The feeder's stand-in (tests/feeding.py), every FEED_EVERY_S, best effort: an
+        outage skips a turn, and a photo XADDed but not recorded is fed again (a duplicate
+        entry, which the claim absorbs)."""
+        if time.monotonic() < self.next_feed:
+            return
+        self.next_feed = time.monotonic() + FEED_EVERY_S
+        with contextlib.suppress(redis.RedisError, OSError, asyncpg.PostgresError,
+                                 asyncio.TimeoutError):  # fmt: skip
+            rows = self.query(feeding.UNFED_SQL)
+            with self.redis() as client:
+                for row in rows:
+                    entry = client.xadd(BULK, {"photo_id": str(row["id"]), "tenant": row["tenant"]})
+                    self.query(db.REQUEUED_SQL, row["id"], entry)
+                    self.fed += 1
 
     def query(self, sql: str, *params: Any, db: str | None = None) -> list[dict[str, Any]]:
         async def go() -> list[dict[str, Any]]:
@@ -422,7 +443,9 @@ class Rig:
         return set()
 
     def tend(self) -> None:
-        """Restart workers that exited by themselves, as a container restart policy would."""
+        """Restart workers that exited by themselves, as a container restart policy would;
+        feed the bulk lane."""
+        self.feed_bulk()
         for slot, w in list(self.workers.items()):
             if (rc := w.proc.poll()) is None:
                 continue
@@ -489,10 +512,11 @@ class Rig:
                               " OR processing_state = 'processing_failed')")[0]["n"])  # fmt: skip
 
     def backlog(self) -> tuple[int, int]:
-        """(work stream length, entries pending in the group)."""
+        """(length, entries pending in the group) of both lanes' work streams."""
+        length = pending = 0
         with self.redis() as client:
-            length = int(client.xlen(STREAM))
-            try:
-                return length, int(client.xpending(STREAM, GROUP)["pending"])
-            except redis.ResponseError:  # no group
-                return length, 0
+            for stream in (STREAM, BULK):
+                length += int(client.xlen(stream))
+                with contextlib.suppress(redis.ResponseError):  # no group
+                    pending += int(client.xpending(stream, GROUP)["pending"])
+        return length, pending

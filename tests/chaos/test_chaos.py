@@ -83,9 +83,15 @@ class Chaos:
         # there would add its photos' redeliveries to the window's deliveries per photo).
         self.no_kills_until = 0.0
         self.malformed: dict[str, str] = {}  # entry id -> shape (tests/test_entries.py)
+        self.ingested = 0
 
     def ingest(self, chunk: list[tuple[Path, str]]) -> None:
-        ids = self.rig.ingest([path for path, _ in chunk])
+        """Every other chunk goes through the bulk lane, for one of three tenants: both
+        lanes are busy throughout."""
+        self.ingested += 1
+        lane = ("--lane", "bulk", "--tenant", f"t{self.ingested % 3}")
+        options = lane if self.ingested % 2 else ()
+        ids = self.rig.ingest([path for path, _ in chunk], *options)
         self.expected.update(zip(ids, (end for _, end in chunk), strict=True))
 
     def fault(self, kind: str, lift_at: float | None = None, lift: Any = None, **info: Any) -> None:
@@ -293,7 +299,7 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
     (rig.logs / "drain.log").write_text(rig.cli("run", "--drain", direct=False).stderr)
 
     rows = {r["id"]: r for r in rig.query(
-        "SELECT p.id::text, p.processing_state AS state, p.visibility, p.error_code,"
+        "SELECT p.id::text, p.processing_state AS state, p.visibility, p.error_code, p.lane,"
         " p.processed_at, p.renditions, p.updated_at, j.state AS job, j.attempt, j.last_error"
         " FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id")}  # fmt: skip
     with rig.redis() as client:
@@ -314,6 +320,8 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
     keys = [r["key"] for x in processed for r in json.loads(x["renditions"] or "[]")]
     figures = {
         "photos": len(expected), "undecodable": sum(e != "processed" for e in expected.values()),
+        "photos_by_lane": dict(Counter(x["lane"] for x in rows.values())),
+        "bulk_entries_fed": rig.fed,
         "states": dict(Counter(f"{x['state']}/{x['visibility']}" for x in rows.values())),
         "faults": dict(faults), "kills_spared": chaos.spared,
         "pg_backends_terminated": sum(f.get("backends", 0) for f in chaos.faults),
@@ -372,6 +380,8 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
         "dead letters not matching a failed photo and its code": [
             x for x in letters if failed.get(x.get("photo_id")) != x.get("error_code")],
         "photos dead-lettered more than once": [i for i, n in lettered.items() if n > 1],
+        "dead letters not naming their photo's lane": [
+            x for x in letters if x.get("lane") != rows.get(x.get("photo_id"), {}).get("lane")],
         "photos failed after the Redis restart without a dead letter": [i for i in failed
             if i not in lettered and rows[i]["updated_at"].timestamp() > restart],
         "photos failed other than expected (a valid photo failed, or a wrong code)": [

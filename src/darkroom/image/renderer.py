@@ -1,6 +1,7 @@
 """The render slots: a pool of warm, isolated render processes that run the libvips pipeline.
 
-`RenderPool` owns every render slot (`DARKROOM_CONCURRENCY`): one long-lived process per
+`RenderPool` owns every render slot (`DARKROOM_CONCURRENCY`, plus the
+`DARKROOM_INTERACTIVE_SLOTS` only interactive photos may use): one long-lived process per
 slot, forked from a forkserver that has already imported libvips, rendering one photo at a
 time. Like a prefork pool (Celery's max_tasks_per_child / max_memory_per_child, gunicorn's
 max_requests), a process is retired after `renders_per_process` photos or when its resident
@@ -20,7 +21,7 @@ import resource
 import signal
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing import spawn
 from multiprocessing.connection import Connection
@@ -91,10 +92,12 @@ def vips_threads_for(slots: int) -> int:
 # -- the render process -----------------------------------------------------------------------
 
 
-def _serve(conn: Connection, memory_mb: int, vips_threads: int) -> None:
+def _serve(conn: Connection, memory_mb: int, vips_threads: int, nice: int = 0) -> None:
     """Render requests one at a time until the pool closes the pipe (EOF) or memory ran out."""
     # Ctrl-C reaches the whole process group; only the worker decides when a render stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if nice:
+        os.nice(nice)
     # Two malloc arenas: far less reserved address space, so the limit measures real use.
     _LIBC.mallopt(_M_ARENA_MAX, 2)
     pyvips.concurrency_set(vips_threads)
@@ -168,6 +171,39 @@ def _rss_mb() -> int:
 
 # -- the pool ---------------------------------------------------------------------------------
 
+# With reserved slots, the regular slots' processes run this much nicer: under a full bulk
+# load the CPU goes first to the worker's own loop and to an upload's render.
+REGULAR_NICE = 5
+
+
+@dataclass
+class _Slots:
+    """Free render slots: `regular` for any photo, `reserved` for interactive ones alone.
+    An interactive photo takes a reserved slot first, so regular ones stay bulk's."""
+
+    regular: int
+    reserved: int
+    _changed: anyio.Event | None = None  # made on first wait: inside the event loop
+
+    def _take(self, interactive: bool) -> str | None:
+        for kind in ("reserved", "regular") if interactive else ("regular",):
+            if getattr(self, kind):
+                setattr(self, kind, getattr(self, kind) - 1)
+                return kind
+        return None
+
+    async def acquire(self, interactive: bool) -> str:
+        while (kind := self._take(interactive)) is None:
+            self._changed = self._changed or anyio.Event()
+            await self._changed.wait()
+        return kind
+
+    def release(self, kind: str) -> None:
+        setattr(self, kind, getattr(self, kind) + 1)
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
 
 @dataclass(eq=False)
 class _Child:
@@ -176,6 +212,7 @@ class _Child:
     process: Any
     conn: Connection
     renders: int = 0
+    kind: str = "regular"  # the slot it serves: "regular" or "reserved"
 
     def exchange(self, request: tuple[bytes, tuple[RenditionSpec, ...], int]) -> tuple[Any, ...]:
         """Runs in a thread: send one photo, wait for its reply; ("died",) if the pipe broke.
@@ -208,20 +245,25 @@ class RenderPool:
         renders_per_process: int,
         max_rss_mb: int,
         vips_threads: int | None = None,
+        reserved: int = 0,
     ) -> None:
-        self.slots = slots
+        self.slots = slots + reserved  # one warm process per slot, reserved ones included
         self.max_pixels = max_pixels
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.renders_per_process = renders_per_process
         self.max_rss_mb = max_rss_mb
+        # Sized for the regular slots: a reserved slot is idle most of the time, and bulk
+        # alone must not lose threads to it (an upload's render briefly oversubscribes).
         self.vips_threads = vips_threads or vips_threads_for(slots)
         self.started = 0  # processes started, for tests and the benchmark
         self.retired: Counter[str] = Counter()  # why processes ended
-        self._free = anyio.Semaphore(slots)
+        self._free = _Slots(slots, reserved)
+        self._nice = {"regular": REGULAR_NICE if reserved else 0, "reserved": 0}
+        self._sizes = {"regular": slots, "reserved": reserved}
         self._idle: list[_Child] = []
         self._closed = False
-        self._threads = anyio.CapacityLimiter(slots)  # pipe waits, off anyio's shared pool
+        self._threads = anyio.CapacityLimiter(self.slots)  # pipe waits, off anyio's shared pool
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RenderPool:
@@ -232,6 +274,7 @@ class RenderPool:
             memory_mb=settings.render_memory_mb,
             renders_per_process=settings.renders_per_process,
             max_rss_mb=settings.render_max_rss_mb,
+            reserved=settings.interactive_slots,
         )
 
     async def __aenter__(self) -> RenderPool:
@@ -245,8 +288,9 @@ class RenderPool:
 
     async def start(self) -> None:
         """Warm every slot now, so the first photos pay no process start."""
-        while len(self._idle) < self.slots:
-            self._idle.append(await self._spawn())
+        for kind, size in self._sizes.items():
+            while sum(child.kind == kind for child in self._idle) < size:
+                self._idle.append(await self._spawn(kind))
 
     async def close(self) -> None:
         """End the idle processes: EOF asks them to exit, a kill ends the ones that do not."""
@@ -261,11 +305,21 @@ class RenderPool:
         """Process ids of the idle render processes (for tests and the benchmark)."""
         return [child.process.pid for child in self._idle]
 
-    async def render(self, data: bytes, specs: Sequence[RenditionSpec]) -> RenderResult:
+    async def render(
+        self,
+        data: bytes,
+        specs: Sequence[RenditionSpec],
+        *,
+        interactive: bool = False,
+        started: Callable[[], object] | None = None,
+    ) -> RenderResult:
         """Render in a warm process; raises the render's DarkroomError, or timeout, crash
-        and out-of-memory codes. A cancelled render kills and reaps its process."""
-        async with self._free:
-            child = self._idle.pop() if self._idle else await self._spawn()
+        and out-of-memory codes. A cancelled render kills and reaps its process.
+        `interactive` may use a reserved slot; `started` is called once a slot is taken."""
+        async with self._slot(interactive) as kind:
+            if started is not None:
+                started()
+            child = self._take_idle(kind) or await self._spawn(kind)
             reply = await self._exchange(child, (data, tuple(specs), self.max_pixels))
             if reply[0] == "died":
                 await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
@@ -275,6 +329,20 @@ class RenderPool:
         if kind == "error":
             raise value
         return value  # type: ignore[no-any-return]
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, interactive: bool) -> AsyncIterator[str]:
+        kind = await self._free.acquire(interactive)
+        try:
+            yield kind
+        finally:
+            self._free.release(kind)
+
+    def _take_idle(self, kind: str) -> _Child | None:
+        for i in range(len(self._idle) - 1, -1, -1):
+            if self._idle[i].kind == kind:
+                return self._idle.pop(i)
+        return None
 
     async def _exchange(self, child: _Child, request: Any) -> tuple[Any, ...]:
         done = False
@@ -315,18 +383,17 @@ class RenderPool:
             return "renders"
         return "rss" if rss_mb > self.max_rss_mb else None
 
-    async def _spawn(self) -> _Child:
+    async def _spawn(self, kind: str = "regular") -> _Child:
         ctx = _forkserver()
         ours, theirs = ctx.Pipe(duplex=True)
-        process = ctx.Process(
-            target=_serve, args=(theirs, self.memory_mb, self.vips_threads), daemon=True
-        )
+        args = (theirs, self.memory_mb, self.vips_threads, self._nice[kind])
+        process = ctx.Process(target=_serve, args=args, daemon=True)
         try:
             await anyio.to_thread.run_sync(_start, process, limiter=self._threads)
         finally:
             theirs.close()
         self.started += 1
-        return _Child(process, ours)
+        return _Child(process, ours, kind=kind)
 
     async def _reap(self, child: _Child, reason: str, *, timeout_s: float | None = None) -> None:
         """Wait for the process to end (killing it after `timeout_s`), even when cancelled."""

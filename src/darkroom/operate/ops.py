@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,6 +20,10 @@ from darkroom.queue.streams import Streams
 from darkroom.services import services
 from darkroom.settings import Settings, servers
 from darkroom.store import db
+from darkroom.store import lanes as store_lanes
+
+# What a bulk (re-)enqueue prints instead of an entry id: the feeder enqueues it.
+FED = "feeder"
 
 # A consumer idle longer than this is marked in `status` and pruned by default (1 h).
 IDLE_BOUND_MS = 3_600_000
@@ -29,7 +34,14 @@ async def status_report(pool: db.Pool, streams: Streams) -> dict[str, Any]:
     by_state, failures = await db.photo_counts(pool)
     report = {**await streams.status(), "photos": by_state, "failures": failures}
     mark_idle(report["consumers"])
+    for lane in report["lanes"].values():
+        lane["oldest_wait_s"] = oldest_wait_s(lane["oldest_entry_ms"], time.time())
     return report
+
+
+def oldest_wait_s(oldest_ms: int | None, now_s: float) -> float | None:
+    """How long a lane's oldest entry has waited (a clock behind Redis's reads 0)."""
+    return None if oldest_ms is None else round(max(0.0, now_s - oldest_ms / 1000), 1)
 
 
 def mark_idle(consumers: list[dict[str, Any]], bound_ms: int = IDLE_BOUND_MS) -> None:
@@ -54,6 +66,10 @@ def _format_status(report: dict[str, Any]) -> str:
         f"stream        {report['stream']}  length={report['length']}",
         f"group         {report['group']}  lag={report['lag']}  pending={report['pending']}",
         f"dead letters  {report['dead_letter_stream']}  length={report['dead_letters']}",
+        "lanes",
+        *(f"  {lane:<12} {v['stream']}  length={v['length']}  lag={v['lag']}  "
+          f"pending={v['pending']}  oldest_wait_s={v.get('oldest_wait_s')}"
+          for lane, v in report.get("lanes", {}).items()),
         "consumers",
         *(f"  {c['name']:<40} pending={c['pending']:<6} idle_ms={c['idle_ms']}"
           + (stale if c["idle_past_bound"] else "") for c in report["consumers"]),
@@ -72,12 +88,12 @@ async def cmd_photos(settings: Settings, args: argparse.Namespace) -> int:
         print(msgspec.json.encode(rows).decode())
         return 0
     header = f"{'photo_id':<36}  {'state':<17}  {'format':<6}  {'size':>11}  {'bytes':>9}  "
-    print(header + "renditions  attempt  error_code")
+    print(header + "renditions  attempt  lane         tenant      error_code")
     for r in rows:
         size = f"{r['width']}x{r['height']}" if r["width"] else "-"
         print(f"{r['id']!s:<36}  {r['processing_state']:<17}  {r['format'] or '-':<6}  "
               f"{size:>11}  {r['bytes'] or 0:>9}  {r['renditions']:>10}  {r['attempt']:>7}  "
-              f"{r['error_code'] or ''}")  # fmt: skip
+              f"{r['lane']:<11}  {r['tenant'] or '-':<10}  {r['error_code'] or ''}")  # fmt: skip
     return 0
 
 
@@ -148,10 +164,23 @@ async def replay_letter(pool: db.Pool, streams: Streams, letter: Entry) -> str |
     except ValueError:
         return None
     await db.reset_failed(pool, photo_id)
-    new_id = await streams.replay_once(letter.id, task_fields(photo_id))
+    if letter.fields.get("lane") == "bulk":
+        return await _replay_to_feeder(pool, streams, letter.id, photo_id)
+    new_id = await streams.for_lane("interactive").replay_once(letter.id, task_fields(photo_id))
     if new_id is not None:
         await db.record_requeued(pool, photo_id, new_id)
     return new_id
+
+
+async def _replay_to_feeder(
+    pool: db.Pool, streams: Streams, dead_id: str, photo_id: uuid.UUID
+) -> str | None:
+    """A bulk letter goes back through the feeder: taken from the dead stream once (of two
+    replays at once, one wins), then the photo is the feeder's again."""
+    if not await streams.take_letter(dead_id):
+        return None
+    await store_lanes.to_feeder(pool, photo_id)
+    return FED
 
 
 async def retry_photo(pool: db.Pool, streams: Streams, photo_id: uuid.UUID) -> str | None:
@@ -163,10 +192,22 @@ async def retry_photo(pool: db.Pool, streams: Streams, photo_id: uuid.UUID) -> s
     return await enqueue_again(pool, streams, photo_id)
 
 
-async def enqueue_again(pool: db.Pool, streams: Streams, photo_id: uuid.UUID) -> str:
-    """XADD an existing photo and remember the entry it now goes through (the sweeper and
-    the owning-entry guards read it); the new entry id."""
-    entry_id = await streams.enqueue(task_fields(photo_id))
+async def enqueue_again(
+    pool: db.Pool,
+    streams: Streams,
+    photo_id: uuid.UUID,
+    lane: str | None = None,
+    tenant: str | None = None,
+) -> str:
+    """Into the photo's own lane, or into `lane` (recorded in its row, with `tenant`).
+    Interactive: XADD and remember the entry it now goes through (the sweeper and the
+    owning-entry guards read it), the new entry id; bulk: to the feeder, FED."""
+    if lane is not None or tenant is not None:
+        await store_lanes.set_lane(pool, photo_id, lane, tenant)
+    if (lane or await store_lanes.lane_of(pool, photo_id)) == "bulk":
+        await store_lanes.to_feeder(pool, photo_id)
+        return FED
+    entry_id = await streams.for_lane("interactive").enqueue(task_fields(photo_id))
     await db.record_requeued(pool, photo_id, entry_id)
     return entry_id
 
@@ -195,9 +236,12 @@ async def _list_letters(streams: Streams, args: argparse.Namespace) -> int:
     return 0
 
 
+REPLAY_FIELDS = ("photo_id", "error_code", "lane")
+
+
 async def _replay_letters(pool: db.Pool, streams: Streams, args: argparse.Namespace) -> int:
     # Only what a replay needs, so 100,000 letters stay a few tens of MB.
-    letters = [Entry(e.id, {k: v for k, v in e.fields.items() if k in ("photo_id", "error_code")})
+    letters = [Entry(e.id, {k: v for k, v in e.fields.items() if k in REPLAY_FIELDS})
                async for e in dead_letters(streams, args.code, args.limit)]  # fmt: skip
     verb = "would replay" if args.dry_run else "replayed"
     progress, pacer = Progress(len(letters), verb, sys.stderr), Pacer(args.rate)
@@ -246,8 +290,11 @@ async def cmd_rerender(settings: Settings, args: argparse.Namespace) -> int:
     async with services(settings, 1) as (pool, streams):
         await streams.ensure_group()
         marked = await db.request_rerender(pool, list(args.photo_ids), args.since)
+        # a whole library goes through bulk unless told otherwise; named photos keep theirs
+        lane = args.lane or ("bulk" if args.since else None)
         for photo_id in marked:
-            print(photo_id, await enqueue_again(pool, streams, photo_id), flush=True)
+            sent = await enqueue_again(pool, streams, photo_id, lane, args.tenant)
+            print(photo_id, sent, flush=True)
     left = sorted(set(args.photo_ids) - set(marked))
     for photo_id in left:
         print(f"{photo_id} is not processed; left alone", file=sys.stderr)

@@ -1,7 +1,8 @@
 """The one owner of this worker's in-flight entries: which entries it holds (never one
 twice), which of them the heartbeat keeps young, what each one claimed (the job whose
 lease the heartbeat renews, and whose attempt number a failure is decided on), and how
-many more it may take (DARKROOM_MAX_IN_FLIGHT). Render slots are the renderer's.
+many more it may take (DARKROOM_MAX_IN_FLIGHT, plus the interactive places), and how
+many each lane holds. Render slots are the renderer's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ class InFlight(Generic[C]):
         self.bound = bound
         self._entries: dict[str, bool] = {}  # entry id → the heartbeat keeps it young
         self._claims: dict[str, C] = {}  # entry id → what it claimed (only entries held)
+        self._lanes: dict[str, str] = {}  # entry id → the lane it came through
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -26,11 +28,15 @@ class InFlight(Generic[C]):
     def free(self) -> int:
         return max(0, self.bound - len(self._entries))
 
-    def admit(self, entry_id: str) -> bool:
+    def held(self, lane: str) -> int:
+        return sum(1 for held in self._lanes.values() if held == lane)
+
+    def admit(self, entry_id: str, lane: str = "interactive") -> bool:
         """Hold `entry_id`; False if it is already held (a reclaim of our own entry)."""
         if entry_id in self._entries:
             return False
         self._entries[entry_id] = True
+        self._lanes[entry_id] = lane
         return True
 
     def claimed(self, entry_id: str, claim: C) -> None:
@@ -49,9 +55,12 @@ class InFlight(Generic[C]):
     def release(self, entry_id: str) -> None:
         self._entries.pop(entry_id, None)
         self._claims.pop(entry_id, None)
+        self._lanes.pop(entry_id, None)
 
-    def heartbeat_ids(self) -> list[str]:
-        return sorted(i for i, young in self._entries.items() if young)
+    def heartbeat_ids(self, lane: str | None = None) -> list[str]:
+        """The young entries (of `lane`, or of every lane)."""
+        young = (i for i, y in self._entries.items() if y)
+        return sorted(i for i in young if lane is None or self._lanes[i] == lane)
 
     def young_claims(self) -> list[C]:
         """What the young entries claimed: the jobs whose leases the heartbeat renews."""

@@ -31,11 +31,13 @@ _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
 class Entry(msgspec.Struct, frozen=True):
     """One stream entry as delivered: its id, its fields as text (`escaped`: bytes that are
     not UTF-8 and control characters as \\xNN), and in `sent` the names and values exactly
-    as sent, alternating, a repeated name included (empty for an entry built from a dict)."""
+    as sent, alternating, a repeated name included (empty for an entry built from a dict);
+    `lane` names the stream it was read from (its acks, backoff and reclaim stay there)."""
 
     id: str
     fields: dict[str, str]
     sent: tuple[bytes, ...] = ()
+    lane: str = "interactive"
 
     def pairs(self) -> Iterator[tuple[bytes, bytes]]:
         """(name, value) as sent, in order."""
@@ -68,11 +70,16 @@ def escaped(data: bytes, limit: int | None = None) -> str:
     return f"{cut[:slash] if slash >= 0 else cut}… [{len(data)} bytes]"
 
 
-def received(entry_id: str, flat: Sequence[bytes]) -> Entry:
+def received(entry_id: str, flat: Sequence[bytes], lane: str = "interactive") -> Entry:
     """An entry from the raw reply: its id and its names and values, alternating."""
     sent = tuple(flat)
     fields = {escaped(k): escaped(v) for k, v in zip(sent[::2], sent[1::2], strict=False)}
-    return Entry(entry_id, fields, sent)
+    return Entry(entry_id, fields, sent, lane)
+
+
+def enqueued_ms(entry: Entry) -> int:
+    """When the entry entered its stream: the millisecond part of its id."""
+    return int(entry.id.split("-", 1)[0])
 
 
 def parse_task(entry: Entry) -> Task:
@@ -150,10 +157,14 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
     stage: str
     consumer: str
     failed_at: str = msgspec.field(default_factory=lambda: datetime.now(UTC).isoformat())
+    # The lane the entry came through (a replay sends the letter back to it) and, for
+    # bulk, the tenant the feeder named in the entry ('' when none).
+    lane: str = "interactive"
+    tenant: str = ""
 
     def fields(self, entry: Entry) -> dict[str, str]:
         """What the producer sent (`kept_fields`), then ours, with `field_count`: how many
-        fields the entry had. At most KEPT_FIELDS + 9 fields, whatever the entry held."""
+        fields the entry had. At most KEPT_FIELDS + 11 fields, whatever the entry held."""
         ours = {k: str(v) for k, v in msgspec.structs.asdict(self).items()}
         ours["field_count"] = str(entry.field_count)
         return {**kept_fields(entry, set(ours)), **ours}

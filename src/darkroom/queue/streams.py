@@ -10,6 +10,7 @@ errors become QueueUnavailableError here.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -194,9 +195,16 @@ redis.call('XDEL', KEYS[1], ARGV[2])
 if type(acked) == 'table' and acked.err then return redis.error_reply(acked.err) end
 return acked
 """
-# KEYS: dead stream, work stream; ARGV: maxlen, group, entry id, field, value, ...
+# KEYS: dead stream, work stream; ARGV: maxlen, group, entry id, consumer, field, value, ...
+# An entry pending with another consumer is not ours to dead-letter: it reclaimed the entry
+# while this one was slow, and will dead-letter it itself (one letter, not two). An entry
+# pending with nobody (acked, or the group lost in a restart) still gets its letter.
 DEAD_LETTER_LUA = """
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 4))
+local row = redis.pcall('XPENDING', KEYS[2], ARGV[2], ARGV[3], ARGV[3], 1)
+if type(row) == 'table' and not row.err and row[1] and row[1][2] ~= ARGV[4] then
+  return {'', 'not_owner'}
+end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 5))
 local acked = redis.pcall('XACK', KEYS[2], ARGV[2], ARGV[3])
 redis.call('XDEL', KEYS[2], ARGV[3])
 if type(acked) == 'table' and acked.err then return {id, acked.err} end
@@ -232,14 +240,23 @@ def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
-def _entries(raw: Iterable[Any] | None) -> list[Entry]:
+def _entries(raw: Iterable[Any] | None, lane: str = "interactive") -> list[Entry]:
     """Entries from a raw `[[id, [name, value, ...]], ...]`. An entry deleted while pending
     comes back without fields (`[id, nil]`) and is left out: its photo is the sweep's."""
-    return [received(_text(i), fields) for i, fields in raw or [] if fields is not None]
+    return [received(_text(i), fields, lane) for i, fields in raw or [] if fields is not None]
+
+
+def _by_stream(reply: Any) -> list[tuple[str, Any]]:
+    """XREADGROUP's reply as (stream, raw entries) pairs, RESP2 list or RESP3 map alike."""
+    if isinstance(reply, dict):  # RESP3 (redis-py 8's default): a map {stream: entries}
+        reply = list(reply.items())
+    return [(_text(stream), raw) for stream, raw in reply or []]
 
 
 class Streams:
-    """One work stream + consumer group + dead-letter stream, seen by one consumer."""
+    """One lane's work stream + consumer group + dead-letter stream, seen by one consumer;
+    `for_lane` gives the view of another lane's stream (same client, group and consumer,
+    its own XAUTOCLAIM cursor)."""
 
     def __init__(
         self,
@@ -249,13 +266,28 @@ class Streams:
         consumer: str,
         dead_stream: str,
         dead_maxlen: int = 100_000,
+        lane_streams: dict[str, str] | None = None,
     ) -> None:
         self.client, self.stream, self.group, self.consumer = client, stream, group, consumer
         self.dead_stream, self.dead_maxlen = dead_stream, dead_maxlen
+        self.lane = "interactive"
+        self.lane_streams = lane_streams or {self.lane: stream, "bulk": f"{stream}:bulk"}
+        self._views: dict[str, Streams] = {self.lane: self}  # shared by every view
         self._cursor = "0-0"
         self._scripts: dict[str, Any] = {}
         for command in RAW_READS:  # on this client, these commands answer raw RESP
             client.set_response_callback(command, _raw)
+
+    def for_lane(self, lane: str) -> Streams:
+        """The view of `lane`'s stream (KeyError for a lane without one)."""
+        if lane not in self._views:
+            view = copy.copy(self)
+            view.lane, view.stream, view._cursor = lane, self.lane_streams[lane], "0-0"
+            self._views[lane] = view
+        return self._views[lane]
+
+    def lanes(self) -> list[Streams]:
+        return [self.for_lane(lane) for lane in self.lane_streams]
 
     async def _read(self, *args: str | int) -> Any:
         """One of RAW_READS, its reply as undecoded bytes."""
@@ -263,23 +295,36 @@ class Streams:
 
     @translated
     async def ensure_group(self) -> None:
-        try:
-            await self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
-        except rx.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        """The group on every lane's stream: one name, read on all of them."""
+        for stream in self.lane_streams.values():
+            try:
+                await self.client.xgroup_create(stream, self.group, id="0", mkstream=True)
+            except rx.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
 
     @translated
     async def enqueue(self, fields: dict[str, str]) -> str:
         return str(await self.client.xadd(self.stream, fields))  # type: ignore[arg-type]
 
     @translated
-    async def read_new(self, count: int, block_ms: int) -> list[Entry]:
+    async def read_new(self, count: int, block_ms: int | None) -> list[Entry]:
+        """Up to `count` new entries of this lane; `block_ms` None answers at once."""
+        block: list[str | int] = [] if block_ms is None else ["BLOCK", block_ms]
         reply = await self._read("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT",
-                                 count, "BLOCK", block_ms, "STREAMS", self.stream, ">")  # fmt: skip
-        if isinstance(reply, dict):  # RESP3 (redis-py 8's default): a map {stream: entries}
-            reply = list(reply.items())
-        return _entries(reply[0][1]) if reply else []
+                                 count, *block, "STREAMS", self.stream, ">")  # fmt: skip
+        return [e for _, raw in _by_stream(reply) for e in _entries(raw, self.lane)]
+
+    @translated
+    async def read_lanes(self, lanes: Sequence[str], block_ms: int) -> list[Entry]:
+        """At most one new entry of each of `lanes`, blocking until one arrives: one
+        XREADGROUP over their streams (one hash slot), so either lane wakes it."""
+        keys = [self.lane_streams[lane] for lane in lanes]
+        ids = [">"] * len(keys)
+        reply = await self._read("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT",
+                                 1, "BLOCK", block_ms, "STREAMS", *keys, *ids)  # fmt: skip
+        lane_of = {stream: lane for lane, stream in self.lane_streams.items()}
+        return [e for key, raw in _by_stream(reply) for e in _entries(raw, lane_of[key])]
 
     @translated
     async def read_own_pending(self, count: int) -> list[Entry]:
@@ -291,7 +336,8 @@ class Streams:
         if not rows:
             return []
         ids = [row["message_id"] for row in rows]
-        return _entries(await self._read("XCLAIM", self.stream, self.group, self.consumer, 0, *ids))
+        reply = await self._read("XCLAIM", self.stream, self.group, self.consumer, 0, *ids)
+        return _entries(reply, self.lane)
 
     @translated
     async def probe(self) -> None:
@@ -319,7 +365,7 @@ class Streams:
                                  min_idle_ms, self._cursor, "COUNT", count)  # fmt: skip
         self._cursor = _text(reply[0])
         deleted = [_text(i) for i in reply[2]] if len(reply) > 2 else []
-        return _entries(reply[1]), deleted
+        return _entries(reply[1], self.lane), deleted
 
     @translated
     async def deliveries(self, entry_id: str) -> int:
@@ -364,10 +410,19 @@ class Streams:
 
     @translated
     async def dead_letter(self, entry_id: str, fields: dict[str, str]) -> str:
-        """XADD the letter, then XACK + XDEL the entry, in one script. `fields` must be
-        bounded (messages.DeadLetter.fields: at most 73): Lua's unpack takes about 8,000."""
-        args: list[str | int] = [self.dead_maxlen, self.group, entry_id, *_flat(fields)]
+        """XADD the letter, then XACK + XDEL the entry, in one script; "" (and nothing done)
+        if another consumer holds the entry now. `fields` must be bounded
+        (messages.DeadLetter.fields: at most 75): Lua's unpack takes about 8,000."""
+        args: list[str | int] = [
+            self.dead_maxlen,
+            self.group,
+            entry_id,
+            self.consumer,
+            *_flat(fields),
+        ]
         dead_id, error = await self._run(DEAD_LETTER_LUA, [self.dead_stream, self.stream], args)
+        if error == "not_owner":
+            return ""
         if error and not _no_group(rx.ResponseError(error)):
             raise rx.ResponseError(error)
         return str(dead_id)
@@ -388,8 +443,11 @@ class Streams:
 
     @translated
     async def pending_count(self) -> int:
-        summary = await self.client.xpending(self.stream, self.group)
-        return int(summary["pending"])
+        """Entries pending in every lane's stream."""
+        total = 0
+        for stream in self.lane_streams.values():
+            total += int((await self.client.xpending(stream, self.group))["pending"])
+        return total
 
     @translated
     async def status(self) -> dict[str, Any]:
@@ -412,6 +470,30 @@ class Streams:
             ],
             "dead_letter_stream": self.dead_stream,
             "dead_letters": int(dead),
+            "lanes": {view.lane: await view.lane_status() for view in self.lanes()},
+        }
+
+    @translated
+    async def undelivered(self) -> int:
+        """Entries of this lane not yet delivered to the group: acked ones are deleted, so
+        the stream's length less its pending entries (one script: one round trip)."""
+        return int(await self._run(_UNDELIVERED, [self.stream], [self.group]))
+
+    @translated
+    async def lane_status(self) -> dict[str, Any]:
+        """This lane's backlog (entries in the stream), lag (not yet delivered), pending
+        (delivered, not acked) and the age of its oldest entry."""
+        length = int(await self.client.xlen(self.stream))
+        exists = length or await self._exists()
+        groups = await self.client.xinfo_groups(self.stream) if exists else []
+        group = next((g for g in groups if g["name"] == self.group), None)
+        oldest_ms = await self.oldest_entry_ms() if length else None
+        return {
+            "stream": self.stream,
+            "length": length,
+            "lag": group.get("lag") if group else None,
+            "pending": int(group["pending"]) if group else 0,
+            "oldest_entry_ms": oldest_ms,
         }
 
     async def _exists(self) -> bool:
@@ -422,16 +504,22 @@ class Streams:
     @translated
     async def remove_consumer_if_idle(self, name: str, min_idle_ms: int) -> bool:
         """XGROUP DELCONSUMER discards the consumer's pending entries, so the check (nothing
-        pending, idle at least `min_idle_ms`) and the delete run as one script: an entry
-        delivered to it in between cannot be lost. True if it was removed."""
+        pending, idle at least `min_idle_ms`) and the delete run as one script per lane's
+        stream: an entry delivered to it in between cannot be lost. True if it was removed
+        from every stream that knew it (one still holding bulk work stays there)."""
+        found = [r for r in [await view._remove_if_idle(name, min_idle_ms) for view in
+                             self.lanes()] if r != -1]  # fmt: skip
+        return bool(found) and all(r == 1 for r in found)
+
+    async def _remove_if_idle(self, name: str, min_idle_ms: int) -> int:
+        """1 removed, 0 kept, -1 unknown in this stream."""
         try:
             args: list[str | int] = [self.group, name, min_idle_ms]
-            removed = await self._run(_DELCONSUMER_IF_IDLE, [self.stream], args)
+            return int(await self._run(_DELCONSUMER_IF_IDLE, [self.stream], args))
         except rx.ResponseError as exc:
             if _no_group(exc) or "no such key" in str(exc):
-                return False
+                return -1
             raise
-        return int(removed) == 1
 
     async def remove_self_if_idle(self) -> bool:
         """On a clean exit: leave the group unless this consumer still holds entries (they
@@ -458,12 +546,25 @@ class Streams:
         new_id = await self._run(_REPLAY_IF_PRESENT, keys, [dead_id, *_flat(fields)])
         return str(new_id) if new_id else None
 
+    @translated
+    async def take_letter(self, dead_id: str) -> bool:
+        """Delete one dead letter if it is still there (a bulk replay: the feeder enqueues
+        the photo); False if another replay took it first."""
+        return bool(await self.client.xdel(self.dead_stream, dead_id))
+
 
 # KEYS[1] dead-letter stream, KEYS[2] work stream (one hash slot); ARGV[1] letter id, then
 # the new entry's fields. Returns the new entry id, or false if the letter was gone.
 _REPLAY_IF_PRESENT = """
 if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return false end
 return redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
+"""
+
+# KEYS[1] stream; ARGV group. XLEN less the group's pending count (0 without the group).
+_UNDELIVERED = """
+local summary = redis.pcall('XPENDING', KEYS[1], ARGV[1])
+if type(summary) == 'table' and summary.err then return 0 end
+return redis.call('XLEN', KEYS[1]) - summary[1]
 """
 
 # KEYS[1] stream; ARGV group, consumer, min idle ms. Returns 1 removed, 0 kept, -1 unknown.

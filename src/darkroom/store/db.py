@@ -595,7 +595,8 @@ async def list_photos(pool: Pool, state: str | None, limit: int) -> list[dict[st
         """
         SELECT p.id, p.processing_state, p.visibility, p.format, p.width, p.height, p.bytes,
                p.error_code, coalesce(j.attempt, 0) AS attempt,
-               coalesce(jsonb_array_length(p.renditions), 0) AS renditions, p.updated_at
+               coalesce(jsonb_array_length(p.renditions), 0) AS renditions, p.updated_at,
+               p.lane, p.tenant
         FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
         WHERE $1::text IS NULL OR p.processing_state = $1
         ORDER BY p.updated_at DESC, p.id LIMIT $2
@@ -646,7 +647,7 @@ async def reconnect(pool: Pool) -> None:
 # page after ($3, $4). Served by photos_sweep_idx on (last_activity_at, id): the cost of a
 # page does not grow with the backlog (no sort of every unfinished photo).
 STALE_SQL = """
-SELECT p.id, p.last_activity_at, j.stream_entry,
+SELECT p.id, p.last_activity_at, j.stream_entry, p.lane, p.enqueued_at IS NULL AS unfed,
        (extract(epoch FROM p.last_activity_at) * 1000)::bigint AS last_activity_ms
 FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
 WHERE p.processing_state IN ('uploaded', 'processing')
@@ -690,7 +691,7 @@ async def photos_of_entries(pool: Pool, entry_ids: list[str]) -> list[uuid.UUID]
 
 REQUEUED_SQL = """
 WITH photo AS (
-    UPDATE photos SET last_activity_at = now() WHERE id = $1 RETURNING id
+    UPDATE photos SET last_activity_at = now(), enqueued_at = now() WHERE id = $1 RETURNING id
 )
 INSERT INTO photo_jobs AS j (photo_id, type, state, stream_entry)
 SELECT id, 'process', 'pending', $2 FROM photo

@@ -1,0 +1,78 @@
+"""PostgreSQL of the lanes: a photo's lane and tenant, and handing a photo to the feeder.
+
+The one rule (docs/lanes.md): an unfinished photo whose `enqueued_at` is NULL is put into
+its lane's stream by the feeder. So a bulk (re-)enqueue is `enqueued_at = NULL` plus a
+NOTIFY on `darkroom_intake`, never an XADD; an interactive one XADDs, then
+db.record_requeued sets `enqueued_at`.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from darkroom.store.db import Connection, Pool, translated
+
+INTAKE_CHANNEL = "darkroom_intake"
+
+# A new photo; an interactive one counts as enqueued now (its producer XADDs it next, and
+# the feeder must not), a bulk one is the feeder's at once. NOTIFY is sent at commit.
+INSERT_SQL = f"""
+WITH photo AS (
+    INSERT INTO photos (id, original_key, lane, tenant, cost, enqueued_at)
+    VALUES ($1, $2, $3, $4, $5, CASE WHEN $3 = 'interactive' THEN now() END)
+    RETURNING id, lane
+)
+SELECT pg_notify('{INTAKE_CHANNEL}', id::text) FROM photo WHERE lane = 'bulk'
+"""
+
+# Into the bulk lane, for the feeder: not enqueued any more, and fresh for the sweep (the
+# feeder's XADD is what shows progress next). Only an unfinished photo: one to process, or
+# a processed one with a re-render requested.
+TO_FEEDER_SQL = f"""
+WITH photo AS (
+    UPDATE photos SET lane = 'bulk', enqueued_at = NULL, last_activity_at = now()
+    WHERE id = $1 AND (processing_state IN ('uploaded', 'processing')
+                       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
+    RETURNING id
+)
+SELECT pg_notify('{INTAKE_CHANNEL}', id::text) FROM photo
+"""
+
+# The lane and tenant an operator names (a NULL keeps the photo's own).
+SET_LANE_SQL = """
+UPDATE photos SET lane = coalesce($2, lane), tenant = coalesce($3, tenant), updated_at = now()
+WHERE id = $1
+RETURNING lane
+"""
+
+LANE_SQL = "SELECT lane FROM photos WHERE id = $1"
+
+
+@translated
+async def insert_photo(
+    pool: Pool, photo_id: uuid.UUID, original_key: str, lane: str, tenant: str, cost: int | None
+) -> None:
+    await pool.execute(INSERT_SQL, photo_id, original_key, lane, tenant, cost)
+
+
+@translated
+async def to_feeder(conn: Pool | Connection, photo_id: uuid.UUID) -> bool:
+    """Hand an unfinished photo to the feeder, in the bulk lane; False if it is finished
+    or gone."""
+    return await conn.fetchval(TO_FEEDER_SQL, photo_id) is not None
+
+
+@translated
+async def set_lane(
+    pool: Pool, photo_id: uuid.UUID, lane: str | None, tenant: str | None
+) -> str | None:
+    """Record the lane and tenant named (None keeps each); the photo's lane, None if gone."""
+    lane_now: str | None = await pool.fetchval(SET_LANE_SQL, photo_id, lane, tenant)
+    return lane_now
+
+
+@translated
+async def lane_of(conn: Pool | Connection, photo_id: uuid.UUID) -> str | None:
+    """The photo's lane; None if it is gone."""
+    lane: str | None = await conn.fetchval(LANE_SQL, photo_id)
+    return lane
