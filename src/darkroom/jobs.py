@@ -90,6 +90,7 @@ class Jobs:
         self.lease = db.Lease(
             self.holder, policy.lease_ms(self.settings.claim_idle_ms), self.settings.max_attempts
         )
+        self.named_tenants = frozenset(dict(self.settings.tenant_weights))
 
     async def handle(self, entry: Entry, deliveries: int) -> None:
         started = time.monotonic()
@@ -220,6 +221,9 @@ class Jobs:
             )
         if replaced is None:
             return "already"
+        if "tenant" in entry.fields:  # a bulk entry (the feeder's)
+            pixels = int(facts.get("width") or 0) * int(facts.get("height") or 0)
+            metrics.count_tenant_done(entry.fields["tenant"], pixels, self.named_tenants)
         current = [r["key"] for r in renditions]
         await self._delete_superseded(task.photo_id, keys.superseded(replaced, current))
         return "published"

@@ -115,6 +115,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # The operator's page: large downloads streamed at once, and the age of its counts.
     web_downloads: int = 4
     web_snapshot_s: float = 2.0
+    # ---- issue 13/14.5: the feeder (bulk fairness, PostgreSQL intake) ----
+    # Enqueue `interactive` rows nobody XADDed (PostgreSQL-only producers); bulk feeding
+    # runs whatever this says (the feeder is the only way into the bulk stream).
+    pg_intake: bool = True
+    # Bulk entries waiting undelivered in the bulk stream at most: the fair order is
+    # decided this late, so a new tenant starts within one round.
+    bulk_ahead: int = 8
+    tenant_weights: tuple[tuple[str, int], ...] = ()
+    tenant_max_in_flight: int = 0  # 0: no cap
 
     @property
     def bulk_stream_key(self) -> str:
@@ -159,6 +168,8 @@ MINIMUMS: dict[str, float] = {
     "web_downloads": 1,
     "web_snapshot_s": 0.5,  # no setting turns the shared snapshot into a count per request
     "render_max_rss_mb": 64,  # a warm process is about 40 MB: each would be replaced
+    "bulk_ahead": 1,
+    "tenant_max_in_flight": 0,
 }
 
 
@@ -241,6 +252,17 @@ def _boolean(raw: str) -> bool:
     return value in ("true", "1", "yes")
 
 
+def parse_weights(text: str) -> tuple[tuple[str, int], ...]:
+    """`tenant=weight,...` with whole weights 1..1000 (a tenant not named weighs 1)."""
+    weights: dict[str, int] = {}
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        tenant, _, raw = item.rpartition("=")
+        if not tenant or not raw.isdigit() or not 1 <= int(raw) <= 1000:
+            raise ValueError(f"{item!r} is not tenant=weight (a whole number 1..1000)")
+        weights[tenant] = int(raw)
+    return tuple(weights.items())
+
+
 PARSERS: dict[str, Callable[[str], Any]] = {
     "redis_url": lambda raw: parse_redis_url(raw).url,  # validated here, opened by streams
     "database_url": _url("postgres", "postgresql"),
@@ -279,6 +301,10 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "storage_probe_key": _probe_key,
     "web_downloads": _bounded("web_downloads", int),
     "web_snapshot_s": _bounded("web_snapshot_s", float),
+    "pg_intake": _boolean,
+    "bulk_ahead": _bounded("bulk_ahead", int),
+    "tenant_weights": parse_weights,
+    "tenant_max_in_flight": _bounded("tenant_max_in_flight", int),
 }
 
 

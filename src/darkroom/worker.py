@@ -21,6 +21,7 @@ from anyio.abc import TaskGroup
 
 from darkroom import metrics, sweeper
 from darkroom.errors import DarkroomError
+from darkroom.feeder import Feeder
 from darkroom.health import DEPENDENCIES, Clock, Gate, RealClock
 from darkroom.image.renderer import RenderPool
 from darkroom.jobs import Jobs
@@ -69,6 +70,7 @@ class Worker:
         self.renderer = RenderPool.from_settings(self.settings)  # owns the render slots
         self.jobs = Jobs(self.settings, self.pool, self.streams, self.storage, self.gate,
                          self.renderer, self.stopping, self.in_flight)  # fmt: skip
+        self.feeder = Feeder(self.settings, self.pool, self.streams, self.stopping, self.clock)
 
     def stop(self) -> None:
         """First signal: stop reading; in-flight photos finish within the grace period."""
@@ -86,6 +88,7 @@ class Worker:
             services.start_soon(self._heartbeat_loop, "heartbeat failed", self._refresh_entries)
             services.start_soon(self._heartbeat_loop, "renewing leases failed", self._renew_leases)
             services.start_soon(self._sweep_loop)
+            services.start_soon(self.feeder.run)
             async with anyio.create_task_group() as jobs:
                 await self._intake(jobs, drain)
                 with anyio.move_on_after(self.settings.shutdown_grace_s):

@@ -392,6 +392,16 @@ class Streams:
         return int(summary["pending"])
 
     @translated
+    async def undelivered(self) -> int:
+        """Entries no consumer has read yet: acked entries are deleted, so the stream's
+        length less the pending count (a pending entry whose data was deleted counts 0)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.xlen(self.stream)
+            pipe.xpending(self.stream, self.group)
+            length, summary = await pipe.execute()
+        return max(0, int(length) - int(summary["pending"]))
+
+    @translated
     async def status(self) -> dict[str, Any]:
         length = await self.client.xlen(self.stream)
         dead = await self.client.xlen(self.dead_stream)
