@@ -141,8 +141,7 @@ class Feeder:
         self, conn: lanes.Connection, streams: Streams, photo_id: uuid.UUID, fields: dict[str, str]
     ) -> None:
         entry_id = await streams.enqueue(fields)
-        await lanes.mark_fed(conn, [photo_id])
-        await db.record_requeued(conn, photo_id, entry_id)
+        await db.record_requeued(conn, photo_id, entry_id)  # sets enqueued_at
 
     # -- bulk: fair feeding ---------------------------------------------------------------
 
@@ -163,19 +162,21 @@ class Feeder:
             return
         if self.settings.tenant_max_in_flight:
             self.scheduler.settle(await lanes.in_flight(conn))
-        for photo in await self._pick(conn, room):
+        for _ in range(room):
+            photo = await self._next_photo(conn)
+            if photo is None:
+                break
             fields = {**task_fields(photo.photo_id), "tenant": photo.tenant}
             await self._enqueue(conn, self.bulk, photo.photo_id, fields)
             metrics.FED.labels("bulk").inc()
         metrics.BULK_TENANTS.set(len(self.scheduler))
 
-    async def _pick(self, conn: lanes.Connection, count: int) -> list[Pending]:
-        picked: list[Pending] = []
-        while len(picked) < count and (choice := self.scheduler.next()) is not None:
-            if isinstance(choice, Refill):
-                rows = await lanes.backlog_page(conn, choice.tenant, BACKLOG_PAGE)
-                photos = [Pending(r["id"], r["tenant"], r["cost"]) for r in rows]
-                self.scheduler.refill(choice.tenant, photos)
-            else:
-                picked.append(choice)
-        return picked
+    async def _next_photo(self, conn: lanes.Connection) -> Pending | None:
+        """The scheduler's next photo, loading tenants' pages as it asks. Each photo is fed
+        before the next pick: a page is read only once the photos before it are marked."""
+        while isinstance(choice := self.scheduler.next(), Refill):
+            rows = await lanes.backlog_page(conn, choice.tenant, BACKLOG_PAGE)
+            self.scheduler.refill(
+                choice.tenant, [Pending(r["id"], r["tenant"], r["cost"]) for r in rows]
+            )
+        return choice

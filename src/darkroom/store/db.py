@@ -120,7 +120,10 @@ async def _apply_schema(conn: asyncpg.Connection) -> None:
 @translated
 async def insert_photo(pool: Pool, photo_id: uuid.UUID, original_key: str) -> None:
     await pool.execute(
-        "INSERT INTO photos (id, original_key) VALUES ($1, $2)", photo_id, original_key
+        # enqueued_at: the caller XADDs it (a crash in between is the sweep's to find)
+        "INSERT INTO photos (id, original_key, enqueued_at) VALUES ($1, $2, now())",
+        photo_id,
+        original_key,
     )
 
 
@@ -666,7 +669,7 @@ async def photos_of_entries(pool: Pool, entry_ids: list[str]) -> list[uuid.UUID]
 
 REQUEUED_SQL = """
 WITH photo AS (
-    UPDATE photos SET last_activity_at = now() WHERE id = $1 RETURNING id
+    UPDATE photos SET last_activity_at = now(), enqueued_at = now() WHERE id = $1 RETURNING id
 )
 INSERT INTO photo_jobs AS j (photo_id, type, state, stream_entry)
 SELECT id, 'process', 'pending', $2 FROM photo
@@ -692,7 +695,8 @@ ON CONFLICT (photo_id, type) DO UPDATE SET
 async def record_requeued(
     conn: Pool | Connection | asyncpg.Connection, photo_id: uuid.UUID, entry_id: str
 ) -> None:
-    """Remember the entry a photo was last enqueued through (the sweeper checks it)."""
+    """Remember the entry a photo was last enqueued through (the sweeper checks it) and
+    when (the feeder enqueues no photo whose `enqueued_at` is set)."""
     await conn.execute(REQUEUED_SQL, photo_id, entry_id)
 
 

@@ -78,8 +78,6 @@ WHERE enqueued_at IS NOT NULL AND lane = 'bulk' AND processing_state IN ('upload
 GROUP BY tenant
 """
 
-FED_SQL = "UPDATE photos SET enqueued_at = now() WHERE id = ANY($1::uuid[])"
-
 
 @translated
 async def due_interactive(conn: Connection, grace_ms: int, limit: int) -> list[dict[str, Any]]:
@@ -105,12 +103,6 @@ async def notified_tenants(conn: Connection, photo_ids: list[uuid.UUID]) -> list
 @translated
 async def in_flight(conn: Connection) -> dict[str, int]:
     return {r["tenant"]: r["n"] for r in await conn.fetch(IN_FLIGHT_SQL)}
-
-
-@translated
-async def mark_fed(conn: Connection, photo_ids: list[uuid.UUID]) -> None:
-    """These photos are in their lane's stream now: no intake or feeding picks them again."""
-    await conn.execute(FED_SQL, photo_ids)
 
 
 @contextlib.asynccontextmanager
