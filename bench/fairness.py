@@ -96,8 +96,9 @@ class Rig:
         env = self.environ(DARKROOM_STREAM=f"{{{self.tag}}}:{stream}", **extra)
         log = open(self.tmp / f"{stream}-{len(self.procs)}.log", "w")  # noqa: SIM115
         command = [sys.executable, "-m", "darkroom", "run"]
-        self.procs.append(subprocess.Popen(command, env=env, cwd=self.tmp,
-                                           stdout=subprocess.DEVNULL, stderr=log, text=True))  # fmt: skip
+        proc = subprocess.Popen(command, env=env, cwd=self.tmp, stdout=subprocess.DEVNULL,
+                                stderr=log, text=True)  # fmt: skip
+        self.procs.append(proc)
 
     def stop_workers(self) -> None:
         for proc in self.procs:
