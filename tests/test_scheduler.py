@@ -39,9 +39,9 @@ def cost_by_tenant(picked: list[Pending]) -> Counter[str]:
 
 def test_equal_weights_share_cost_not_count() -> None:
     """A tenant of 4x larger photos gets a quarter of the photos and the same pixels."""
-    waiting = {"big": backlog("big", 500, 4 * QUANTUM), "small": backlog("small", 2000, QUANTUM)}
+    waiting = {"big": backlog("big", 500, 8_000_000), "small": backlog("small", 2000, 2_000_000)}
     totals = cost_by_tenant(run(Scheduler(), waiting, 500))
-    assert abs(totals["big"] - totals["small"]) <= 4 * QUANTUM
+    assert abs(totals["big"] - totals["small"]) <= 8_000_000
 
 
 def test_a_tenant_with_a_huge_backlog_gets_no_more_than_its_share() -> None:
@@ -64,10 +64,10 @@ def test_weights_scale_the_share() -> None:
 
 
 def test_unknown_cost_is_charged_the_default() -> None:
-    """A photo without a cost counts as DEFAULT_COST: one such photo per turn."""
-    waiting = {"unknown": backlog("unknown", 10, None), "known": backlog("known", 40, QUANTUM // 4)}
-    picked = run(Scheduler(), waiting, 10)
-    assert [p.tenant for p in picked][:5] == ["unknown", "known", "known", "known", "known"]
+    """A photo without a cost counts as DEFAULT_COST: as much as six of 2 MP."""
+    waiting = {"unknown": backlog("unknown", 10, None), "known": backlog("known", 60, 2_000_000)}
+    picked = run(Scheduler(), waiting, 28)
+    assert Counter(p.tenant for p in picked) == {"unknown": 4, "known": 24}
     assert picked[0].charge == DEFAULT_COST
 
 

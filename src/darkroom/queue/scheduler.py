@@ -12,11 +12,13 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-# What a photo of unknown cost is charged, and one turn's credit per unit of weight: a
-# 12-megapixel photo. A turn ends once its credit is spent (the last photo may overdraw it:
-# the debt is paid from the next turn), so a turn starts at least one photo.
+# What a photo of unknown cost is charged: a 12-megapixel photo.
 DEFAULT_COST = 12_000_000
-QUANTUM = DEFAULT_COST
+# One turn's credit per unit of weight. A turn ends once its credit is spent; its last photo
+# may overdraw it and the debt is paid from the next turns (a tenant in debt is passed over),
+# so a quantum small against a photo interleaves tenants finely and a pick stays amortized
+# O(1): a debt of k quanta needs a photo of k quanta to arise.
+QUANTUM = 2_000_000
 
 
 @dataclass(frozen=True)
