@@ -79,6 +79,9 @@ class Feeder:
                     log.warning("feeder failed", error_code=exc.code, error=str(exc),
                                 repeats_not_logged=quiet)  # fmt: skip
                 await self.clock.sleep(backoff.next_s(), self.stopping)
+            except Exception:  # a bug must not end the worker: the feeder backs off
+                log.exception("feeder failed unexpectedly")
+                await self.clock.sleep(backoff.next_s(), self.stopping)
 
     def _heard(self, payload: str) -> None:
         """A committed insert: due after the grace (its producer may XADD it meanwhile)."""
