@@ -24,6 +24,7 @@ import tempfile
 import time
 import uuid
 from collections import deque
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -160,8 +161,9 @@ async def insert_bulk(
     )  # fmt: skip
 
 
-async def feed_for(rig: Rig, seconds: float, run: str) -> float:
-    """This process feeds (it holds the feeder's lock); one worker reads the bulk stream."""
+async def feed_for(rig: Rig, run: str, done: Callable[[], Awaitable[bool]]) -> float:
+    """This process feeds (it holds the feeder's lock) until `done`; one worker reads the
+    bulk stream. Returns when the feeding started (the database's clock)."""
     conn = await asyncpg.connect(DATABASE_URL)
     tag = f"{{{rig.tag}}}"
     settings = Settings(redis_url=REDIS_URL, database_url=DATABASE_URL, stream=f"{tag}:in",
@@ -169,19 +171,18 @@ async def feed_for(rig: Rig, seconds: float, run: str) -> float:
                         bulk_ahead=4, pg_intake=False)  # fmt: skip
     streams = services.open_streams(settings)
     pool = await db.connect(DATABASE_URL, 2)
-    stopping = anyio.Event()
-    feeder = Feeder(settings, pool, streams, stopping)
+    feeder = Feeder(settings, pool, streams, anyio.Event())
     async with anyio.create_task_group() as tg:
         tg.start_soon(feeder.run)
         await wait_until(conn, FEEDER_LOCK)
         started = await conn.fetchval("SELECT extract(epoch FROM now())::float8")
         # the worker's own feeder never gets the lock; it reads the bulk stream as its stream
-        rig.worker(f"{run}bulk", DARKROOM_BULK_STREAM=f"{{{rig.tag}}}:{run}unused",
+        rig.worker(f"{run}bulk", DARKROOM_BULK_STREAM=f"{tag}:{run}unused",
                    DARKROOM_PG_INTAKE="false")  # fmt: skip
-        await asyncio.sleep(seconds)
+        while not await done():  # noqa: ASYNC110 (polling the database is the point)
+            await asyncio.sleep(0.2)
         rig.stop_workers()
-        stopping.set()
-        tg.cancel_scope.cancel()
+        feeder.stop()
     await pool.close()
     await streams.client.aclose()
     await conn.close()
@@ -234,11 +235,7 @@ async def single_lane(rig: Rig, conn: asyncpg.Connection, count: int, run: str) 
 async def alone(rig: Rig, conn: asyncpg.Connection, count: int, run: str) -> float:
     await insert_bulk(conn, rig, "large", count, run)
     done = "SELECT count(*) = $1 FROM photos WHERE tenant = $2 AND processed_at IS NOT NULL"
-    task = asyncio.create_task(feed_for(rig, 3600, run))
-    await wait_until(conn, done, count, f"{run}large")
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    rig.stop_workers()
+    await feed_for(rig, run, lambda: conn.fetchval(done, count, f"{run}large"))
     return await throughput(conn, "p.tenant = $1", f"{run}large")
 
 
@@ -288,7 +285,12 @@ async def measure(args: argparse.Namespace, rig: Rig) -> str:
     for tenant in TENANTS:
         count = args.photos * (100 if tenant == HEAVY else 1)
         await insert_bulk(conn, rig, tenant, count, "fair")
-    start = await feed_for(rig, args.seconds, "fair")
+    deadline = time.monotonic() + args.seconds
+
+    async def elapsed() -> bool:
+        return time.monotonic() > deadline
+
+    start = await feed_for(rig, "fair", elapsed)
     bins = await pixels_by_bin(conn, "fair", start)
     left = await conn.fetchval(
         "SELECT min(n) FROM (SELECT count(*) AS n FROM photos WHERE"

@@ -146,3 +146,12 @@ def test_pg_intake_off_leaves_interactive_rows_but_feeds_bulk(file_env: Env) -> 
     assert file_env.redis.xlen(file_env.stream) == 0
     [(_, fields)] = file_env.redis.xrange(f"{file_env.stream}:bulk")
     assert fields == {"photo_id": str(bulk), "tenant": "t"}
+
+
+def test_a_stopped_worker_gives_the_feeder_lock_up(file_env: Env) -> None:
+    """SIGTERM: the worker exits promptly, and its feeder's lock is free for the next one."""
+    start_feeding(file_env)
+    proc = file_env.procs[0]
+    proc.terminate()
+    assert proc.wait(20) == 0
+    assert not file_env.query(FEEDER_LOCK)

@@ -59,6 +59,11 @@ class Feeder:
         self.named = frozenset(dict(s.tenant_weights))
         self.scheduler = self._new_scheduler()
 
+    def stop(self) -> None:
+        """Stop feeding and give the lock up (the worker's stop sets the same event)."""
+        self.stopping.set()
+        self._woken.set()
+
     def _new_scheduler(self) -> Scheduler:
         s = self.settings
         return Scheduler(dict(s.tenant_weights), s.tenant_max_in_flight)
@@ -116,6 +121,8 @@ class Feeder:
         if len(self.scheduler):
             until = min(until, self.clock.now() + BULK_POLL_S)
         self._woken = anyio.Event()
+        if self.stopping.is_set():
+            return
         with anyio.move_on_after(max(0.0, until - self.clock.now())):
             await self._woken.wait()
 
