@@ -4,8 +4,9 @@ INTAKE_GRACE_MS to be claimed; bulk rows go to the bulk stream in the scheduler'
 order, never more than DARKROOM_BULK_AHEAD undelivered. One feeder at a time across all
 workers (a session lock on a dedicated connection that also LISTENs on darkroom_intake).
 
-Ordering hazard: XADD first, then mark the row fed. A feeder that dies in between leaves
-a duplicate entry (harmless: its claim answers `busy` or `already`), never a lost photo.
+Ordering hazards: the job row before the XADD (a claim must find it to lock); the XADD
+before the row is marked fed: a feeder that dies in between leaves a duplicate entry
+(harmless: its claim answers `busy` or `already`), never a lost photo.
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ class Feeder:
     async def _enqueue(
         self, conn: lanes.Connection, streams: Streams, photo_id: uuid.UUID, fields: dict[str, str]
     ) -> None:
+        await lanes.prepare_jobs(conn, [photo_id])
         entry_id = await streams.enqueue(fields)
         await db.record_requeued(conn, photo_id, entry_id)  # sets enqueued_at
 

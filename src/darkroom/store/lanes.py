@@ -79,6 +79,16 @@ GROUP BY tenant
 """
 
 
+# Before the XADD: the job row exists, so a worker that reads the entry at once finds it to
+# lock (a claim racing the insert of the job row by record_requeued answers `busy`, and
+# the entry would wait DARKROOM_CLAIM_IDLE_MS).
+PREPARE_JOBS_SQL = """
+INSERT INTO photo_jobs (photo_id, type, state)
+SELECT id, 'process', 'pending' FROM unnest($1::uuid[]) AS t(id)
+ON CONFLICT (photo_id, type) DO NOTHING
+"""
+
+
 @translated
 async def due_interactive(conn: Connection, grace_ms: int, limit: int) -> list[dict[str, Any]]:
     return [dict(r) for r in await conn.fetch(DUE_SQL, grace_ms, limit)]
@@ -103,6 +113,11 @@ async def notified_tenants(conn: Connection, photo_ids: list[uuid.UUID]) -> list
 @translated
 async def in_flight(conn: Connection) -> dict[str, int]:
     return {r["tenant"]: r["n"] for r in await conn.fetch(IN_FLIGHT_SQL)}
+
+
+@translated
+async def prepare_jobs(conn: Connection, photo_ids: list[uuid.UUID]) -> None:
+    await conn.execute(PREPARE_JOBS_SQL, photo_ids)
 
 
 @contextlib.asynccontextmanager
