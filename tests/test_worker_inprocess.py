@@ -33,7 +33,8 @@ async def worker(database_url: str, tmp_path: Path) -> AsyncIterator[Worker]:
     streams = Streams(client, f"{{w{tag}}}:photos", "darkroom", "w1", f"{{w{tag}}}:dead")
     pool = await db.connect(database_url, 4)
     settings = Settings(concurrency=1, read_block_ms=100, stream=streams.stream,
-                        dead_letter_stream=streams.dead_stream)  # fmt: skip
+                        dead_letter_stream=streams.dead_stream,
+                        database_url=database_url)  # fmt: skip
     await streams.ensure_group()
     yield Worker(settings, pool, streams, FileStorage(tmp_path / "storage"), clock=FakeClock())
     await client.delete(streams.stream, streams.dead_stream)

@@ -70,7 +70,9 @@ class Worker:
         self.renderer = RenderPool.from_settings(self.settings)  # owns the render slots
         self.jobs = Jobs(self.settings, self.pool, self.streams, self.storage, self.gate,
                          self.renderer, self.stopping, self.in_flight)  # fmt: skip
-        self.feeder = Feeder(self.settings, self.pool, self.streams, self.stopping, self.clock)
+        # Its own clock: the feeder's waits are not the intake's (a test's fake clock counts
+        # the intake's backoff).
+        self.feeder = Feeder(self.settings, self.pool, self.streams, self.stopping)
 
     def stop(self) -> None:
         """First signal: stop reading; in-flight photos finish within the grace period."""
