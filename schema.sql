@@ -244,3 +244,27 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
 SELECT json_build_object('id', id, 'photo_id', photo_id, 'type', type)::text
 $$;
 -- ---- end of issue 14 ----------------------------------------------------------------------
+-- ---- issue 14.5: the feeder (PostgreSQL intake, fair bulk feeding) ----------------------
+-- The one rule: a row with `enqueued_at IS NULL` whose photo is unfinished is put into its
+-- lane's stream by the feeder (interactive at once, bulk in fair order); a claim sets
+-- enqueued_at, so a photo its producer XADDed and a worker claimed is never enqueued again.
+-- The partial indexes hold only rows still to feed (or bulk rows in flight): their size
+-- follows the backlog, never the table.
+CREATE INDEX IF NOT EXISTS photos_intake_idx ON photos (created_at, id)
+    WHERE enqueued_at IS NULL AND lane = 'interactive'
+      AND processing_state IN ('uploaded', 'processing');
+CREATE INDEX IF NOT EXISTS photos_bulk_backlog_idx ON photos (tenant, created_at, id)
+    WHERE enqueued_at IS NULL AND lane = 'bulk' AND processing_state IN ('uploaded', 'processing');
+CREATE INDEX IF NOT EXISTS photos_bulk_in_flight_idx ON photos (tenant)
+    WHERE enqueued_at IS NOT NULL AND lane = 'bulk'
+      AND processing_state IN ('uploaded', 'processing');
+-- Wakes the feeder at commit (NOTIFY is delivered then, never for a rolled-back insert).
+-- A notification missed while no feeder listened is found by its catch-up scan.
+CREATE OR REPLACE FUNCTION darkroom_notify_intake() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('darkroom_intake', NEW.id::text);
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER photos_intake_notify AFTER INSERT ON photos
+    FOR EACH ROW WHEN (NEW.enqueued_at IS NULL) EXECUTE FUNCTION darkroom_notify_intake();
+-- ---- end of issue 14.5 --------------------------------------------------------------------

@@ -88,6 +88,7 @@ class Jobs:
             self.holder, policy.lease_ms(self.settings.claim_idle_ms), self.settings.max_attempts
         )
         self.recorder = Recorder(self.pool, self.streams.consumer, self.settings.history)
+        self.named_tenants = frozenset(dict(self.settings.tenant_weights))
 
     def _stream(self, entry: Entry) -> Streams:
         """The entry's own lane's stream: its ack, backoff and dead letter happen there."""
@@ -229,6 +230,9 @@ class Jobs:
             )
         if replaced is None:
             return "already"
+        if "tenant" in entry.fields:  # a bulk entry (the feeder's)
+            pixels = int(facts.get("width") or 0) * int(facts.get("height") or 0)
+            metrics.count_tenant_done(entry.fields["tenant"], pixels, self.named_tenants)
         current = [r["key"] for r in renditions]
         await self._delete_superseded(task.photo_id, keys.superseded(replaced, current))
         return "published"

@@ -77,6 +77,27 @@ def observe_queue_wait(lane: str, enqueued_ms: int) -> float:
     return wait_s
 
 
+# ---- issue 13/14.5: the feeder. A tenant label only for tenants named in
+# DARKROOM_TENANT_WEIGHTS, every other tenant is `other`: 10,000 tenants must not become
+# 10,000 series per metric (per-tenant totals of all tenants are in PostgreSQL).
+FED = Counter("darkroom_fed_total", "Photos the feeder put into a lane's stream", ["lane"])
+INTAKE_LAG_SECONDS = Histogram(
+    "darkroom_intake_lag_seconds",
+    "From a PostgreSQL-only row's commit to its XADD by the intake",
+    buckets=(0.1, 0.25, 0.5, 0.75, 1, 2, 5, 10, 30, 60, 300),
+)
+BULK_TENANTS = Gauge("darkroom_bulk_tenants", "Tenants with bulk photos waiting (feeder's view)")
+TENANT_PHOTOS = Counter("darkroom_tenant_photos_total", "Bulk photos rendered", ["tenant"])
+TENANT_PIXELS = Counter("darkroom_tenant_pixels_total", "Bulk pixels rendered", ["tenant"])
+OTHER_TENANT = "other"
+
+
+def count_tenant_done(tenant: str, pixels: int, named: Collection[str]) -> None:
+    label = tenant if tenant in named else OTHER_TENANT
+    TENANT_PHOTOS.labels(label).inc()
+    TENANT_PIXELS.labels(label).inc(pixels)
+
+
 Readiness = Callable[[], tuple[bool, dict[str, Any]]]
 
 

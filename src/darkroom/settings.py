@@ -130,6 +130,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # interactive load is sustained.
     interactive_slots: int = 1
     bulk_floor: float = 0.25
+    # ---- issue 13/14.5: the feeder (bulk fairness, PostgreSQL intake) ----
+    # Enqueue `interactive` rows nobody XADDed (PostgreSQL-only producers); bulk feeding
+    # runs whatever this says (the feeder is the only way into the bulk stream).
+    pg_intake: bool = True
+    # Bulk entries waiting undelivered in the bulk stream at most: the fair order is
+    # decided this late, so a new tenant starts within one round.
+    bulk_ahead: int = 8
+    tenant_weights: tuple[tuple[str, int], ...] = ()
+    tenant_max_in_flight: int = 0  # 0: no cap
 
     @property
     def bulk_stream_key(self) -> str:
@@ -189,6 +198,8 @@ MINIMUMS: dict[str, float] = {
     "events_keep_days": 0.01,  # about 15 minutes: a consumer away longer replays nothing
     "interactive_slots": 0,  # 0: no reserved slot (interactive then waits behind bulk)
     "bulk_floor": 0.0,  # a share, at most 1 (from_env)
+    "bulk_ahead": 1,
+    "tenant_max_in_flight": 0,
 }
 
 
@@ -271,6 +282,17 @@ def _boolean(raw: str) -> bool:
     return value in ("true", "1", "yes")
 
 
+def parse_weights(text: str) -> tuple[tuple[str, int], ...]:
+    """`tenant=weight,...` with whole weights 1..1000 (a tenant not named weighs 1)."""
+    weights: dict[str, int] = {}
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        tenant, _, raw = item.rpartition("=")
+        if not tenant or not raw.isdigit() or not 1 <= int(raw) <= 1000:
+            raise ValueError(f"{item!r} is not tenant=weight (a whole number 1..1000)")
+        weights[tenant] = int(raw)
+    return tuple(weights.items())
+
+
 PARSERS: dict[str, Callable[[str], Any]] = {
     "redis_url": lambda raw: parse_redis_url(raw).url,  # validated here, opened by streams
     "database_url": _url("postgres", "postgresql"),
@@ -317,6 +339,10 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "events_source": _nonempty,
     "interactive_slots": _bounded("interactive_slots", int),
     "bulk_floor": _bounded("bulk_floor", float),
+    "pg_intake": _boolean,
+    "bulk_ahead": _bounded("bulk_ahead", int),
+    "tenant_weights": parse_weights,
+    "tenant_max_in_flight": _bounded("tenant_max_in_flight", int),
 }
 
 

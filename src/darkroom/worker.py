@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup
 
 from darkroom import metrics, recorder, sweeper
 from darkroom.errors import DarkroomError
+from darkroom.feeder import Feeder
 from darkroom.health import DEPENDENCIES, Clock, Gate, RealClock
 from darkroom.image.renderer import RenderPool
 from darkroom.jobs import Jobs
@@ -81,6 +82,9 @@ class Worker:
         self.jobs = Jobs(self.settings, self.pool, self.streams, self.storage, self.gate,
                          self.renderer, self.stopping, self.in_flight)  # fmt: skip
         self.relay = Relay.from_settings(self.settings, self.streams.client)
+        # Its own clock: the feeder's waits are not the intake's (a test's fake clock counts
+        # the intake's backoff).
+        self.feeder = Feeder(self.settings, self.pool, self.streams, self.stopping)
 
     def stop(self) -> None:
         """First signal: stop reading; in-flight photos finish within the grace period."""
@@ -100,6 +104,7 @@ class Worker:
             services.start_soon(self._sweep_loop)
             services.start_soon(self._prune_loop)
             services.start_soon(self.relay.run)
+            services.start_soon(self.feeder.run)
             async with anyio.create_task_group() as jobs:
                 await self._intake(jobs, drain)
                 with anyio.move_on_after(self.settings.shutdown_grace_s):

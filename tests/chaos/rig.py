@@ -29,8 +29,6 @@ from urllib.parse import urlsplit
 import asyncpg
 import redis
 
-from darkroom.store import db
-from tests import feeding
 from tests.conftest import AWS_ENV, PG_BASE, free_port, s3_client
 from tests.faults import DenyingS3Proxy
 
@@ -38,7 +36,6 @@ BUCKET, PREFIX = "chaos", "photos/"
 STREAM, DEAD, GROUP = "{darkroom}:photos", "{darkroom}:dead", "darkroom"
 EVENTS = "{darkroom}:events"
 BULK = f"{STREAM}:bulk"  # the bulk lane's stream (DARKROOM_BULK_STREAM's default)
-FEED_EVERY_S = 0.5
 
 
 def wait_until(probe: Callable[[], object], what: str, timeout: float = 30.0) -> None:
@@ -225,7 +222,6 @@ class Rig:
         self.redis_proc: subprocess.Popen[bytes] | None = None
         self.workers: dict[int, Worker] = {}
         self.spawned = 0
-        self.next_feed, self.fed = 0.0, 0  # the bulk lane's feeder stand-in
         self.crashes: list[dict[str, Any]] = []  # workers that exited on their own
         self.stack = contextlib.ExitStack()
 
@@ -377,22 +373,6 @@ class Rig:
     def ingest(self, paths: list[Path], *options: str) -> list[str]:
         return list(self.cli("ingest", *options, *map(str, paths)).stdout.split())
 
-    def feed_bulk(self) -> None:
-        """The feeder's stand-in (tests/feeding.py), every FEED_EVERY_S, best effort: an
-        outage skips a turn, and a photo XADDed but not recorded is fed again (a duplicate
-        entry, which the claim absorbs)."""
-        if time.monotonic() < self.next_feed:
-            return
-        self.next_feed = time.monotonic() + FEED_EVERY_S
-        with contextlib.suppress(redis.RedisError, OSError, asyncpg.PostgresError,
-                                 asyncio.TimeoutError):  # fmt: skip
-            rows = self.query(feeding.UNFED_SQL)
-            with self.redis() as client:
-                for row in rows:
-                    entry = client.xadd(BULK, {"photo_id": str(row["id"]), "tenant": row["tenant"]})
-                    self.query(db.REQUEUED_SQL, row["id"], entry)
-                    self.fed += 1
-
     def query(self, sql: str, *params: Any, db: str | None = None) -> list[dict[str, Any]]:
         async def go() -> list[dict[str, Any]]:
             conn = await asyncpg.connect(f"{PG_BASE}/{db or self.db}", timeout=10)
@@ -443,9 +423,8 @@ class Rig:
         return set()
 
     def tend(self) -> None:
-        """Restart workers that exited by themselves, as a container restart policy would;
-        feed the bulk lane."""
-        self.feed_bulk()
+        """Restart workers that exited by themselves, as a container restart policy would
+        (the workers' feeder feeds the bulk lane)."""
         for slot, w in list(self.workers.items()):
             if (rc := w.proc.poll()) is None:
                 continue

@@ -321,7 +321,6 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
     figures = {
         "photos": len(expected), "undecodable": sum(e != "processed" for e in expected.values()),
         "photos_by_lane": dict(Counter(x["lane"] for x in rows.values())),
-        "bulk_entries_fed": rig.fed,
         "states": dict(Counter(f"{x['state']}/{x['visibility']}" for x in rows.values())),
         "faults": dict(faults), "kills_spared": chaos.spared,
         "pg_backends_terminated": sum(f.get("backends", 0) for f in chaos.faults),

@@ -120,7 +120,10 @@ async def _apply_schema(conn: asyncpg.Connection) -> None:
 @translated
 async def insert_photo(pool: Pool, photo_id: uuid.UUID, original_key: str) -> None:
     await pool.execute(
-        "INSERT INTO photos (id, original_key) VALUES ($1, $2)", photo_id, original_key
+        # enqueued_at: the caller XADDs it (a crash in between is the sweep's to find)
+        "INSERT INTO photos (id, original_key, enqueued_at) VALUES ($1, $2, now())",
+        photo_id,
+        original_key,
     )
 
 
@@ -156,6 +159,8 @@ class Claim:
 # is this delivery that records the failure, and only a job's owner may: FAIL_SQL).
 # A job that is done or failed (a re-render, an operator retry) starts a new run. The photo
 # becomes `processing`; a processed photo with a re-render requested stays processed.
+# A claim sets `enqueued_at` if unset: the PostgreSQL intake never enqueues a photo again
+# once a worker claimed it through its producer's own XADD.
 CLAIM_SQL = """
 WITH p AS (
     SELECT id, original_key, processing_state,
@@ -203,7 +208,7 @@ WITH p AS (
     RETURNING attempt - run_offset AS run_attempt
 ), photo AS (
     UPDATE photos SET processing_state = 'processing', error_code = NULL, updated_at = now(),
-        last_activity_at = now()
+        last_activity_at = now(), enqueued_at = coalesce(photos.enqueued_at, now())
     FROM p WHERE photos.id = p.id AND NOT p.rerender AND EXISTS (SELECT 1 FROM job)
 )
 SELECT p.original_key, p.finished, p.processing_state, job.run_attempt,
@@ -652,6 +657,7 @@ SELECT p.id, p.last_activity_at, j.stream_entry, p.lane, p.enqueued_at IS NULL A
 FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
 WHERE p.processing_state IN ('uploaded', 'processing')
   AND p.last_activity_at < $1
+  AND NOT (p.lane = 'bulk' AND p.enqueued_at IS NULL)  -- the feeder's backlog, not lost
   AND (p.last_activity_at, p.id) > ($3, $4)
 ORDER BY p.last_activity_at, p.id
 LIMIT $2
@@ -714,8 +720,11 @@ ON CONFLICT (photo_id, type) DO UPDATE SET
 
 
 @translated
-async def record_requeued(conn: Pool | Connection, photo_id: uuid.UUID, entry_id: str) -> None:
-    """Remember the entry a photo was last enqueued through (the sweeper checks it)."""
+async def record_requeued(
+    conn: Pool | Connection | asyncpg.Connection, photo_id: uuid.UUID, entry_id: str
+) -> None:
+    """Remember the entry a photo was last enqueued through (the sweeper checks it) and
+    when (the feeder enqueues no photo whose `enqueued_at` is set)."""
     await conn.execute(REQUEUED_SQL, photo_id, entry_id)
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import uuid
 
 from darkroom.store.db import Connection, Pool, translated
-
-INTAKE_CHANNEL = "darkroom_intake"
+from darkroom.store.intake import INTAKE_CHANNEL
 
 # A new photo; an interactive one counts as enqueued now (its producer XADDs it next, and
 # the feeder must not), a bulk one is the feeder's at once. NOTIFY is sent at commit.

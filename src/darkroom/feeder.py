@@ -1,0 +1,193 @@
+"""The feeder: puts rows with `enqueued_at IS NULL` into their lane's stream. Interactive
+rows (PostgreSQL-only producers) go to DARKROOM_STREAM once their producer's own XADD had
+INTAKE_GRACE_MS to be claimed; bulk rows go to the bulk stream in the scheduler's fair
+order, never more than DARKROOM_BULK_AHEAD undelivered. One feeder at a time across all
+workers (a session lock on a dedicated connection that also LISTENs on darkroom_intake).
+
+Ordering hazards: the job row before the XADD (a claim must find it to lock); the XADD
+before the row is marked fed: a feeder that dies in between leaves a duplicate entry
+(harmless: its claim answers `busy` or `already`), never a lost photo.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import anyio
+import structlog
+
+from darkroom import metrics
+from darkroom.errors import DarkroomError
+from darkroom.health import Clock, RealClock
+from darkroom.queue.messages import task_fields
+from darkroom.queue.pacing import Backoff, Throttle
+from darkroom.queue.scheduler import Pending, Refill, Scheduler
+from darkroom.queue.streams import Streams
+from darkroom.settings import Settings
+from darkroom.store import db, intake
+
+log = structlog.get_logger("darkroom.feeder")
+
+# A producer that inserts and XADDs gets this long for its own entry to be claimed before
+# the intake enqueues the row too (the duplicate would be harmless, but costs a delivery).
+INTAKE_GRACE_MS = 250
+LOCK_RETRY_S = 1.0  # how soon a live worker takes over from a dead feeder
+CATCH_UP_S = 2.0  # interactive rows whose notification nobody heard
+TENANT_SCAN_S = 30.0  # bulk tenants whose notification nobody heard
+BULK_POLL_S = 0.1  # how often the bulk stream's backlog is checked while tenants wait
+PAGE = 500
+TENANT_PAGE = 1_000
+BACKLOG_PAGE = 8  # photos loaded per tenant at a time: the order is decided late
+MAX_NOTIFIED = 10_000  # beyond this, the tenant scan finds them
+
+
+@dataclass
+class Feeder:
+    settings: Settings
+    pool: db.Pool
+    streams: Streams
+    stopping: anyio.Event
+    clock: Clock = field(default_factory=RealClock)
+    _notified: set[uuid.UUID] = field(default_factory=set)
+    _due_at: float | None = None
+    _woken: anyio.Event = field(default_factory=anyio.Event)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.bulk = self.streams.for_lane("bulk")
+        self.named = frozenset(dict(s.tenant_weights))
+        self.scheduler = self._new_scheduler()
+
+    def stop(self) -> None:
+        """Stop feeding and give the lock up (the worker's stop sets the same event)."""
+        self.stopping.set()
+        self._woken.set()
+
+    def _new_scheduler(self) -> Scheduler:
+        s = self.settings
+        return Scheduler(dict(s.tenant_weights), s.tenant_max_in_flight)
+
+    async def run(self) -> None:
+        """Until stopped: take the feeder's lock when free, then feed while it is held."""
+        backoff, throttle = Backoff(LOCK_RETRY_S, 30.0), Throttle(10.0)
+        while not self.stopping.is_set():
+            try:
+                async with intake.feeder_session(self.settings.database_url, self._heard) as conn:
+                    if conn is not None:
+                        log.info("feeding", pg_intake=self.settings.pg_intake)
+                        await self._serve(conn)
+                backoff.reset()
+                await self.clock.sleep(LOCK_RETRY_S, self.stopping)
+            except DarkroomError as exc:
+                if (quiet := throttle.allow(exc.code, self.clock.now())) is not None:
+                    log.warning("feeder failed", error_code=exc.code, error=str(exc),
+                                repeats_not_logged=quiet)  # fmt: skip
+                await self.clock.sleep(backoff.next_s(), self.stopping)
+            except Exception:  # a bug must not end the worker: the feeder backs off
+                log.exception("feeder failed unexpectedly")
+                await self.clock.sleep(backoff.next_s(), self.stopping)
+
+    def _heard(self, payload: str) -> None:
+        """A committed insert: due after the grace (its producer may XADD it meanwhile)."""
+        try:
+            photo_id = uuid.UUID(payload)
+        except ValueError:
+            return
+        if len(self._notified) < MAX_NOTIFIED:
+            self._notified.add(photo_id)
+        if self._due_at is None:
+            self._due_at = self.clock.now() + INTAKE_GRACE_MS / 1000
+            self._woken.set()
+
+    async def _serve(self, conn: intake.Connection) -> None:
+        """State is rebuilt from PostgreSQL on every takeover: a dead feeder's is lost."""
+        self.scheduler = self._new_scheduler()
+        await self.bulk.ensure_group()
+        next_catch_up = next_scan = self.clock.now()
+        while not self.stopping.is_set():
+            now = self.clock.now()
+            if now >= next_scan:
+                await self._scan_tenants(conn)
+                next_scan = now + TENANT_SCAN_S
+            if now >= next_catch_up or (self._due_at is not None and now >= self._due_at):
+                await self._take_notified(conn)
+                next_catch_up = now + CATCH_UP_S
+            await self._feed_bulk(conn)
+            await self._rest(next_catch_up)
+
+    async def _rest(self, next_catch_up: float) -> None:
+        until = min(next_catch_up, self._due_at or next_catch_up)
+        if len(self.scheduler):
+            until = min(until, self.clock.now() + BULK_POLL_S)
+        self._woken = anyio.Event()
+        if self.stopping.is_set():
+            return
+        with anyio.move_on_after(max(0.0, until - self.clock.now())):
+            await self._woken.wait()
+
+    async def _take_notified(self, conn: intake.Connection) -> None:
+        notified, self._notified, self._due_at = list(self._notified), set(), None
+        if self.settings.pg_intake:
+            await self._intake(conn)
+        if notified:
+            for tenant in await intake.notified_tenants(conn, notified):
+                self.scheduler.add(tenant)
+
+    # -- interactive: the PostgreSQL intake ---------------------------------------------
+
+    async def _intake(self, conn: intake.Connection) -> None:
+        """Every interactive row due, a page at a time."""
+        while rows := await intake.due_interactive(conn, INTAKE_GRACE_MS, PAGE):
+            for row in rows:
+                await self._enqueue(conn, self.streams, row["id"], task_fields(row["id"]))
+                metrics.INTAKE_LAG_SECONDS.observe(row["age_s"])
+            metrics.FED.labels("interactive").inc(len(rows))
+            log.info("enqueued rows nobody XADDed", count=len(rows))
+            if len(rows) < PAGE or self.stopping.is_set():
+                return
+
+    async def _enqueue(
+        self, conn: intake.Connection, streams: Streams, photo_id: uuid.UUID, fields: dict[str, str]
+    ) -> None:
+        await intake.prepare_jobs(conn, [photo_id])
+        entry_id = await streams.enqueue(fields)
+        await db.record_requeued(conn, photo_id, entry_id)  # sets enqueued_at
+
+    # -- bulk: fair feeding ---------------------------------------------------------------
+
+    async def _scan_tenants(self, conn: intake.Connection) -> None:
+        after: str | None = None
+        while page := await intake.backlogged_tenants(conn, after, TENANT_PAGE):
+            for tenant in page:
+                self.scheduler.add(tenant)
+            after = page[-1]
+        metrics.BULK_TENANTS.set(len(self.scheduler))
+
+    async def _feed_bulk(self, conn: intake.Connection) -> None:
+        """Top the bulk stream up to DARKROOM_BULK_AHEAD undelivered entries, in fair order."""
+        if not len(self.scheduler):
+            return
+        room = self.settings.bulk_ahead - await self.bulk.undelivered()
+        if room <= 0:
+            return
+        if self.settings.tenant_max_in_flight:
+            self.scheduler.settle(await intake.in_flight(conn))
+        for _ in range(room):
+            photo = await self._next_photo(conn)
+            if photo is None:
+                break
+            fields = {**task_fields(photo.photo_id), "tenant": photo.tenant}
+            await self._enqueue(conn, self.bulk, photo.photo_id, fields)
+            metrics.FED.labels("bulk").inc()
+        metrics.BULK_TENANTS.set(len(self.scheduler))
+
+    async def _next_photo(self, conn: intake.Connection) -> Pending | None:
+        """The scheduler's next photo, loading tenants' pages as it asks. Each photo is fed
+        before the next pick: a page is read only once the photos before it are marked."""
+        while isinstance(choice := self.scheduler.next(), Refill):
+            rows = await intake.backlog_page(conn, choice.tenant, BACKLOG_PAGE)
+            self.scheduler.refill(
+                choice.tenant, [Pending(r["id"], r["tenant"], r["cost"]) for r in rows]
+            )
+        return choice

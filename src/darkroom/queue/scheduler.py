@@ -1,0 +1,131 @@
+"""Which bulk photo next: deficit round robin over the backlogged tenants, charged by cost.
+
+Pure (no I/O, no clock). The feeder loads each tenant's oldest photos on request (`Refill`)
+and reports the tenants' in-flight counts (`settle`); every decision is taken here.
+See docs/fairness.md for the design and the alternatives rejected.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# What a photo of unknown cost is charged: a 12-megapixel photo.
+DEFAULT_COST = 12_000_000
+# One turn's credit per unit of weight. A turn ends once its credit is spent; its last photo
+# may overdraw it and the debt is paid from the next turns (a tenant in debt is passed over),
+# so a quantum small against a photo interleaves tenants finely and a pick stays amortized
+# O(1): a debt of k quanta needs a photo of k quanta to arise.
+QUANTUM = 2_000_000
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One bulk photo waiting in PostgreSQL; `cost` is pixels or bytes (None: unknown)."""
+
+    photo_id: uuid.UUID
+    tenant: str
+    cost: int | None = None
+
+    @property
+    def charge(self) -> int:
+        return DEFAULT_COST if self.cost is None else self.cost
+
+
+@dataclass(frozen=True)
+class Refill:
+    """The tenant at the head of the ring has no photo loaded: load its oldest ones."""
+
+    tenant: str
+
+
+@dataclass
+class _Tenant:
+    weight: int
+    deficit: int = 0
+    fresh_turn: bool = True
+    loaded: deque[Pending] = field(default_factory=deque)
+
+
+class Scheduler:
+    """Deficit round robin with an active ring: only backlogged tenants under their
+    in-flight cap are in it, so a pick costs O(1) (amortized) whatever the number of tenants.
+    A tenant that arrives joins the ring's tail: it starts within one round."""
+
+    def __init__(self, weights: Mapping[str, int] | None = None, max_in_flight: int = 0) -> None:
+        self.weights = dict(weights or {})
+        self.max_in_flight = max_in_flight  # 0: no cap
+        self.in_flight: dict[str, int] = {}
+        self._tenants: dict[str, _Tenant] = {}
+        self._ring: deque[str] = deque()
+        self._parked: set[str] = set()
+
+    def __len__(self) -> int:
+        """Backlogged tenants known (in the ring or parked at their cap)."""
+        return len(self._tenants)
+
+    def knows(self, tenant: str) -> bool:
+        return tenant in self._tenants
+
+    def add(self, tenant: str) -> None:
+        """A tenant with photos waiting; a tenant already known keeps its place."""
+        if tenant not in self._tenants:
+            self._tenants[tenant] = _Tenant(max(1, self.weights.get(tenant, 1)))
+            self._enter(tenant)
+
+    def refill(self, tenant: str, photos: list[Pending]) -> None:
+        """The head tenant's oldest photos; none means its backlog is empty: it leaves."""
+        if photos:
+            self._tenants[tenant].loaded.extend(photos)
+            return
+        self._ring.popleft()
+        del self._tenants[tenant]  # an idle flow keeps no credit (classic DRR)
+
+    def next(self) -> Pending | Refill | None:
+        """The next photo to start, a tenant to load first, or None (nothing may start)."""
+        while self._ring:
+            tenant = self._ring[0]
+            state = self._tenants[tenant]
+            if state.fresh_turn:
+                state.deficit += QUANTUM * state.weight
+                state.fresh_turn = False
+            if state.deficit <= 0:
+                self._end_turn(state)
+            elif not state.loaded:
+                return Refill(tenant)
+            else:
+                return self._start(tenant, state)
+        return None
+
+    def settle(self, in_flight: Mapping[str, int]) -> None:
+        """The tenants' photos in flight, as counted now; tenants back under the cap rejoin."""
+        self.in_flight = dict(in_flight)
+        for tenant in [t for t in self._parked if not self._capped(t)]:
+            self._parked.discard(tenant)
+            self._enter(tenant)
+
+    def _start(self, tenant: str, state: _Tenant) -> Pending:
+        photo = state.loaded.popleft()
+        state.deficit -= photo.charge
+        self.in_flight[tenant] = self.in_flight.get(tenant, 0) + 1
+        if self._capped(tenant):
+            self._ring.popleft()
+            state.deficit = min(state.deficit, 0)  # no credit saved up while parked
+            self._parked.add(tenant)
+        return photo
+
+    def _end_turn(self, state: _Tenant) -> None:
+        self._ring.rotate(-1)
+        state.fresh_turn = True
+
+    def _enter(self, tenant: str) -> None:
+        if self._capped(tenant):
+            self._parked.add(tenant)
+            return
+        self._tenants[tenant].fresh_turn = True
+        self._ring.append(tenant)
+
+    def _capped(self, tenant: str) -> bool:
+        return bool(self.max_in_flight) and self.in_flight.get(tenant, 0) >= self.max_in_flight

@@ -1,0 +1,146 @@
+"""PostgreSQL for the feeder: the rows still to be enqueued (`enqueued_at IS NULL`, the
+photo unfinished), the bulk backlog by tenant, and the lock + LISTEN connection of the
+single feeder. Every query is served by a partial index of schema.sql's issue 14.5 block,
+so its cost follows the page, not the backlog. Driver errors become darkroom errors here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import asyncpg
+
+from darkroom import errors
+from darkroom.store.db import ERRORS, translated
+
+INTAKE_CHANNEL = "darkroom_intake"
+FEEDER_LOCK = "darkroom:feeder"
+CLOSE_TIMEOUT_S = 5.0
+Connection = asyncpg.Connection
+Notified = Callable[[str], None]
+
+# Interactive rows nobody enqueued whose commit is at least $1 ms old (the producer's own
+# XADD had that long to be claimed: a claim sets enqueued_at), oldest first.
+# photos_intake_idx.
+DUE_SQL = """
+SELECT id, created_at, extract(epoch FROM now() - created_at)::float8 AS age_s
+FROM photos
+WHERE enqueued_at IS NULL AND lane = 'interactive'
+  AND processing_state IN ('uploaded', 'processing')
+  AND created_at < now() - $1 * interval '1 millisecond'
+ORDER BY created_at, id
+LIMIT $2
+"""
+
+# One tenant's oldest bulk photos still to feed. photos_bulk_backlog_idx.
+BACKLOG_SQL = """
+SELECT id, tenant, cost FROM photos
+WHERE enqueued_at IS NULL AND lane = 'bulk' AND processing_state IN ('uploaded', 'processing')
+  AND tenant = $1
+ORDER BY created_at, id
+LIMIT $2
+"""
+
+# The tenants with a bulk backlog after $1 (NULL: from the first), in order: a skip scan
+# (one index probe per tenant) of photos_bulk_backlog_idx, never a read of every waiting photo.
+TENANTS_SQL = """
+WITH RECURSIVE t(tenant) AS (
+    (SELECT tenant FROM photos
+     WHERE enqueued_at IS NULL AND lane = 'bulk'
+       AND processing_state IN ('uploaded', 'processing')
+       AND ($1::text IS NULL OR tenant > $1)
+     ORDER BY tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT p.tenant FROM photos p
+            WHERE p.enqueued_at IS NULL AND p.lane = 'bulk'
+              AND p.processing_state IN ('uploaded', 'processing') AND p.tenant > t.tenant
+            ORDER BY p.tenant LIMIT 1)
+    FROM t WHERE t.tenant IS NOT NULL
+)
+SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT $2
+"""
+
+# The tenants of notified rows that wait in the bulk backlog (primary key lookups).
+NOTIFIED_SQL = """
+SELECT DISTINCT tenant FROM photos
+WHERE id = ANY($1::uuid[]) AND enqueued_at IS NULL AND lane = 'bulk'
+  AND processing_state IN ('uploaded', 'processing')
+"""
+
+# Bulk photos enqueued and not finished, by tenant. photos_bulk_in_flight_idx.
+IN_FLIGHT_SQL = """
+SELECT tenant, count(*)::int AS n FROM photos
+WHERE enqueued_at IS NOT NULL AND lane = 'bulk' AND processing_state IN ('uploaded', 'processing')
+GROUP BY tenant
+"""
+
+
+# Before the XADD: the job row exists, so a worker that reads the entry at once finds it to
+# lock (a claim racing the insert of the job row by record_requeued answers `busy`, and
+# the entry would wait DARKROOM_CLAIM_IDLE_MS).
+PREPARE_JOBS_SQL = """
+INSERT INTO photo_jobs (photo_id, type, state)
+SELECT id, 'process', 'pending' FROM unnest($1::uuid[]) AS t(id)
+ON CONFLICT (photo_id, type) DO NOTHING
+"""
+
+
+@translated
+async def due_interactive(conn: Connection, grace_ms: int, limit: int) -> list[dict[str, Any]]:
+    return [dict(r) for r in await conn.fetch(DUE_SQL, grace_ms, limit)]
+
+
+@translated
+async def backlog_page(conn: Connection, tenant: str, limit: int) -> list[dict[str, Any]]:
+    return [dict(r) for r in await conn.fetch(BACKLOG_SQL, tenant, limit)]
+
+
+@translated
+async def backlogged_tenants(conn: Connection, after: str | None, limit: int) -> list[str]:
+    """One page of the tenants with bulk photos to feed, after `after` (None: the first)."""
+    return [r["tenant"] for r in await conn.fetch(TENANTS_SQL, after, limit)]
+
+
+@translated
+async def notified_tenants(conn: Connection, photo_ids: list[uuid.UUID]) -> list[str]:
+    return [r["tenant"] for r in await conn.fetch(NOTIFIED_SQL, photo_ids)]
+
+
+@translated
+async def in_flight(conn: Connection) -> dict[str, int]:
+    return {r["tenant"]: r["n"] for r in await conn.fetch(IN_FLIGHT_SQL)}
+
+
+@translated
+async def prepare_jobs(conn: Connection, photo_ids: list[uuid.UUID]) -> None:
+    await conn.execute(PREPARE_JOBS_SQL, photo_ids)
+
+
+@contextlib.asynccontextmanager
+async def feeder_session(url: str, on_notify: Notified) -> AsyncIterator[Connection | None]:
+    """A dedicated connection holding the feeder's session lock and listening on the intake
+    channel; None if another process holds the lock. A dead holder's lock goes with its
+    connection, so a live worker's next try takes it over."""
+    with errors.map_exceptions(ERRORS):
+        conn = await asyncpg.connect(url, timeout=10, command_timeout=30)
+        try:
+            if not await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", FEEDER_LOCK):
+                yield None
+                return
+            await conn.add_listener(INTAKE_CHANNEL, lambda *args: on_notify(str(args[3])))
+            yield conn
+        finally:
+            await _close(conn)
+
+
+async def _close(conn: Connection) -> None:
+    """Closing says goodbye to the server; one that stopped answering is not waited for."""
+    with anyio.CancelScope(shield=True):
+        try:
+            await conn.close(timeout=CLOSE_TIMEOUT_S)
+        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            conn.terminate()
