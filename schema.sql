@@ -140,8 +140,18 @@ CREATE INDEX IF NOT EXISTS photos_code_idx ON photos (error_code, updated_at, id
 ALTER TABLE photos
     ADD COLUMN IF NOT EXISTS lane        text   NOT NULL DEFAULT 'interactive',
     ADD COLUMN IF NOT EXISTS tenant      text   NOT NULL DEFAULT '',
-    ADD COLUMN IF NOT EXISTS enqueued_at timestamptz,
     ADD COLUMN IF NOT EXISTS cost        bigint CHECK (cost >= 0);
+-- Rows that exist when the column arrives were enqueued by their producers (or are
+-- finished): backfilled once, so an upgrade does not hand the whole backlog to the feeder
+-- again (a photo whose producer never XADDed it is the sweep's to find, as before).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'photos'::regclass
+                   AND attname = 'enqueued_at' AND NOT attisdropped) THEN
+        ALTER TABLE photos ADD COLUMN enqueued_at timestamptz;
+        UPDATE photos SET enqueued_at = created_at;
+    END IF;
+END $$;
 DO $$
 BEGIN
     ALTER TABLE photos ADD CONSTRAINT photos_lane_check CHECK (lane IN ('interactive', 'bulk'));
@@ -253,11 +263,15 @@ $$;
 CREATE INDEX IF NOT EXISTS photos_intake_idx ON photos (created_at, id)
     WHERE enqueued_at IS NULL AND lane = 'interactive'
       AND processing_state IN ('uploaded', 'processing');
+-- A bulk photo to feed is unfinished, or processed with a re-render requested.
 CREATE INDEX IF NOT EXISTS photos_bulk_backlog_idx ON photos (tenant, created_at, id)
-    WHERE enqueued_at IS NULL AND lane = 'bulk' AND processing_state IN ('uploaded', 'processing');
+    WHERE enqueued_at IS NULL AND lane = 'bulk'
+      AND (processing_state IN ('uploaded', 'processing')
+       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL));
 CREATE INDEX IF NOT EXISTS photos_bulk_in_flight_idx ON photos (tenant)
     WHERE enqueued_at IS NOT NULL AND lane = 'bulk'
-      AND processing_state IN ('uploaded', 'processing');
+      AND (processing_state IN ('uploaded', 'processing')
+       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL));
 -- Wakes the feeder at commit (NOTIFY is delivered then, never for a rolled-back insert).
 -- A notification missed while no feeder listened is found by its catch-up scan.
 CREATE OR REPLACE FUNCTION darkroom_notify_intake() RETURNS trigger LANGUAGE plpgsql AS $$

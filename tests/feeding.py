@@ -1,6 +1,6 @@
-"""For tests only, until the feeder (feeder.py, branch `feeder`) is merged: what it does
-for the bulk lane, without its fairness. Every unfinished bulk photo not fed yet is
-XADDed to the bulk stream, oldest first, and recorded as the feeder records it."""
+"""For tests only: set the scene the feeder (feeder.py) would leave, where no worker runs.
+Every unfinished bulk photo not fed yet is XADDed to the bulk stream, oldest first, and
+recorded as the feeder records it."""
 
 from __future__ import annotations
 

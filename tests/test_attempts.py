@@ -59,6 +59,19 @@ async def test_a_claim_by_the_same_process_counts_once(pool: db.Pool) -> None:
     assert (await job(pool, photo_id))["attempt"] == 1
 
 
+async def test_a_duplicate_entry_in_the_same_process_is_busy_not_a_second_render(
+    pool: db.Pool,
+) -> None:
+    """A second entry of a photo this process is rendering (a producer's XADD and the
+    intake's): `busy`, nothing counted, the job keeps its entry."""
+    photo_id = await new_photo(pool)
+    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    dup = await db.claim(pool, photo_id, "2-0", "w1", lease("A"))
+    assert (dup.outcome, dup.last_entry, dup.attempt) == ("busy", "1-0", 0)
+    row = await job(pool, photo_id)
+    assert (row["attempt"], row["stream_entry"]) == (1, "1-0")
+
+
 async def test_a_live_owner_is_neither_counted_nor_stolen_from(pool: db.Pool) -> None:
     """Another consumer reclaiming the entry while the owner's lease runs: `busy`, naming the
     owner; nothing changes. Once the lease has run out (the owner died) the claim counts."""

@@ -1,6 +1,7 @@
 """Lanes end to end, through the CLI and real workers: an upload does not wait behind a
 bulk backlog, and a bulk photo keeps its lane through retries, dead letters, replays,
-the sweep and crash recovery (tests/feeding.py stands in for the feeder)."""
+the sweep and crash recovery. The workers' own feeder feeds the bulk lane; tests/feeding.py
+only sets the scene where no worker runs (what the feeder would have fed)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,6 @@ def test_an_upload_does_not_wait_behind_a_bulk_backlog(file_env: Env) -> None:
     slot while most of the backlog still waits."""
     settings = {"DARKROOM_CONCURRENCY": "1"}
     ingest(file_env, BULK_PHOTOS, "--lane", "bulk", "--tenant", "library")
-    feed_bulk(file_env)
     worker = file_env.start("run", **settings)
     wait_for(file_env, "SELECT 1 FROM photo_jobs WHERE state = 'active'", proc=worker)
     [upload] = ingest(file_env, [PHOTOS / "4.webp"])
@@ -79,7 +79,6 @@ def test_a_bulk_photo_is_retried_dead_lettered_and_replayed_in_its_lane(file_env
     good = original.read_bytes()
     original.unlink()
     original.mkdir()  # reading a directory is an I/O error: retried, then dead-lettered
-    feed_bulk(file_env)
     settings = {"DARKROOM_MAX_ATTEMPTS": "2", "DARKROOM_RETRY_BASE_MS": "200",
                 "DARKROOM_CLAIM_IDLE_MS": "1000"}  # fmt: skip
     log = file_env.cli("run", "--drain", **settings).stderr
@@ -93,8 +92,7 @@ def test_a_bulk_photo_is_retried_dead_lettered_and_replayed_in_its_lane(file_env
     assert file_env.cli("dlq", "replay").stdout.split()[-1] == "feeder"
     assert file_env.redis.xlen(file_env.dead) == 0 and file_env.redis.xlen(file_env.stream) == 0
     assert lane_of(file_env, photo_id)["enqueued_at"] is None
-    assert feed_bulk(file_env) == [photo_id]
-    file_env.cli("run", "--drain")
+    file_env.cli("run", "--drain")  # its feeder feeds the photo again
     assert state(file_env, photo_id)[:2] == ("processed", "published")
 
 
@@ -102,7 +100,6 @@ def test_retry_of_a_failed_bulk_photo_goes_back_to_the_feeder(file_env: Env) -> 
     """`darkroom retry` keeps the photo's lane: no XADD, the feeder's again."""
     [photo_id] = ingest(file_env, [PHOTOS / "4.webp"], "--lane", "bulk")
     original, good = break_original(file_env, photo_id)
-    feed_bulk(file_env)
     file_env.cli("run", "--drain")
     original.write_bytes(good)
     assert file_env.cli("retry", str(photo_id)).stdout.split()[-1] == "feeder"
@@ -133,19 +130,15 @@ def test_a_bulk_photo_lost_by_redis_is_swept_back_to_the_feeder(file_env: Env) -
     time.sleep(1.2)
     stderr = file_env.cli("run", "--drain", DARKROOM_SWEEP_AFTER_S="1").stderr
     assert "swept lost photos back into the stream" in stderr
-    assert lane_of(file_env, photo_id)["enqueued_at"] is None
-    assert file_env.redis.xlen(file_env.stream) == 0
-    assert state(file_env, photo_id)[0] == "uploaded", "waiting for the feeder"
-    feed_bulk(file_env)
-    file_env.cli("run", "--drain")
-    assert state(file_env, photo_id)[:2] == ("processed", "published")
+    assert state(file_env, photo_id)[:2] == ("processed", "published"), "fed again"
+    assert lane_of(file_env, photo_id)["lane"] == "bulk"
+    assert file_env.redis.xlen(file_env.stream) == 0, "never through the interactive stream"
 
 
 def test_a_killed_worker_s_bulk_entry_is_recovered_from_the_bulk_stream(file_env: Env) -> None:
     """SIGKILL mid-photo: the bulk entry is reclaimed from its own stream and published."""
     settings = {"DARKROOM_CLAIM_IDLE_MS": "1500"}
     [photo_id] = ingest(file_env, [HEIC], "--lane", "bulk")
-    feed_bulk(file_env)
     kill_mid_photo(file_env, settings)
     file_env.cli("run", "--drain", **settings)
     assert state(file_env, photo_id) == ("processed", "published", 2)
@@ -175,8 +168,7 @@ def test_a_library_re_render_goes_through_bulk_unless_told_otherwise(file_env: E
     row = lane_of(file_env, photo_id)
     assert (row["lane"], row["enqueued_at"]) == ("bulk", None)
     assert file_env.redis.xlen(file_env.stream) == 0
-    assert feed_bulk(file_env) == [photo_id]
-    file_env.cli("run", "--drain")
+    file_env.cli("run", "--drain")  # its feeder feeds the re-render
     done = file_env.query("SELECT rerender_requested_at FROM photos WHERE id = $1", photo_id)
     assert done[0]["rerender_requested_at"] is None, "re-rendered through the bulk lane"
     out = file_env.cli(*since, "--lane", "interactive").stdout.split()

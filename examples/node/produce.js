@@ -24,8 +24,11 @@ async function produce(path) {
   await copyFile(path, target); // 1. the original, before anything names it
   const db = new pg.Client({ connectionString: DATABASE_URL });
   await db.connect();
-  try { // 2. the row
-    await db.query("INSERT INTO photos (id, original_key) VALUES ($1, $2)", [photoId, key]);
+  try { // 2. the row; enqueued_at: this producer XADDs it next (the intake leaves it alone)
+    await db.query(
+      "INSERT INTO photos (id, original_key, enqueued_at) VALUES ($1, $2, now())",
+      [photoId, key],
+    );
   } finally {
     await db.end();
   }

@@ -35,8 +35,13 @@ async def produce(path: pathlib.Path, pg_only: bool) -> uuid.UUID:
     key = f"originals/{photo_id}/{path.name}"
     await asyncio.to_thread(store, path, key)  # 1. the original, before anything names it
     db = await asyncpg.connect(DATABASE_URL)
-    try:  # 2. the row (its enqueued_at stays NULL: "in no stream yet", the intake's cue)
-        await db.execute("INSERT INTO photos (id, original_key) VALUES ($1, $2)", photo_id, key)
+    try:  # 2. the row; PostgreSQL-only: enqueued_at NULL ("in no stream yet", the intake's
+        # cue), else now() (this producer XADDs it next, so the intake leaves it alone)
+        await db.execute(
+            "INSERT INTO photos (id, original_key, enqueued_at)"
+            " VALUES ($1, $2, CASE WHEN $3 THEN NULL ELSE now() END)",
+            photo_id, key, pg_only,
+        )  # fmt: skip
     finally:
         await db.close()
     if not pg_only:  # 3. the entry, only after the row's commit

@@ -33,7 +33,7 @@ from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.streams import Streams
 from darkroom.relay import Relay
 from darkroom.settings import Settings
-from darkroom.store import db
+from darkroom.store import db, intake
 from darkroom.store.storage import Storage
 
 log = structlog.get_logger("darkroom.worker")
@@ -217,9 +217,12 @@ class Worker:
         return min(self.settings.read_block_ms, 500) if drain else self.settings.read_block_ms
 
     async def _drained(self) -> bool:
-        """Nothing in flight or pending, and Postgres knows of no lost photo to re-enqueue.
-        A final sweep that keeps failing ends the drain as failed (exit non-zero)."""
+        """Nothing in flight or pending, nothing left for the feeder, and Postgres knows of
+        no lost photo to re-enqueue. A final sweep that keeps failing ends the drain as
+        failed (exit non-zero)."""
         if self.in_flight or await self.streams.pending_count():
+            return False
+        if await intake.has_unfed(self.pool, self.settings.pg_intake):
             return False
         try:
             swept = await self._sweep()

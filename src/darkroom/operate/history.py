@@ -67,7 +67,7 @@ FACT_LINES = (
     ("taken", "taken"), ("camera", "camera"), ("lens", "lens_model"),
     ("exposure", "exposure_text"), ("sha256", "original_sha256"), ("alpha", "has_alpha"),
     ("frames", "frames"), ("profile", "source_profile"), ("thumbhash", "thumbhash"),
-    ("dominant", "dominant_color"),
+    ("dominant", "dominant_color"), ("hdr", "hdr"),
 )  # fmt: skip
 
 

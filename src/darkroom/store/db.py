@@ -157,6 +157,8 @@ class Claim:
 # lost reply, a reclaim of its own entry) counts nothing; any other claim counts one
 # attempt; past this run's attempts it is `exhausted`, and the job is taken all the same (it
 # is this delivery that records the failure, and only a job's owner may: FAIL_SQL).
+# Own means this process and this entry: another entry of a photo this process is working
+# on (a duplicate XADD, e.g. a producer's and the intake's) is `busy`, never a second render.
 # A job that is done or failed (a re-render, an operator retry) starts a new run. The photo
 # becomes `processing`; a processed photo with a re-render requested stays processed.
 # A claim sets `enqueued_at` if unset: the PostgreSQL intake never enqueues a photo again
@@ -172,9 +174,10 @@ WITH p AS (
 ), prior AS (
     SELECT j.id, j.state, j.attempt, j.run_offset, j.stream_entry, j.consumer, j.error_code,
            j.last_error,
-           j.state = 'active' AND j.holder = $4 AS own,
-           j.state = 'active' AND j.holder IS DISTINCT FROM $4
-           AND j.consumer IS DISTINCT FROM $3 AND j.lease_until > now() AS held
+           j.state = 'active' AND j.holder = $4 AND j.stream_entry = $2 AS own,
+           j.state = 'active' AND j.lease_until > now()
+           AND ((j.holder IS DISTINCT FROM $4 AND j.consumer IS DISTINCT FROM $3)
+                OR (j.holder = $4 AND j.stream_entry IS DISTINCT FROM $2)) AS held
     FROM photo_jobs j JOIN p ON j.photo_id = p.id
     WHERE j.type = 'process'
     FOR UPDATE OF j

@@ -36,10 +36,13 @@ ORDER BY created_at, id
 LIMIT $2
 """
 
+# A bulk photo to feed is unfinished, or processed with a re-render requested (the same
+# predicate in every bulk query and in the partial indexes, so the planner uses them).
 # One tenant's oldest bulk photos still to feed. photos_bulk_backlog_idx.
 BACKLOG_SQL = """
 SELECT id, tenant, cost FROM photos
-WHERE enqueued_at IS NULL AND lane = 'bulk' AND processing_state IN ('uploaded', 'processing')
+WHERE enqueued_at IS NULL AND lane = 'bulk' AND (processing_state IN ('uploaded', 'processing')
+       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
   AND tenant = $1
 ORDER BY created_at, id
 LIMIT $2
@@ -51,13 +54,16 @@ TENANTS_SQL = """
 WITH RECURSIVE t(tenant) AS (
     (SELECT tenant FROM photos
      WHERE enqueued_at IS NULL AND lane = 'bulk'
-       AND processing_state IN ('uploaded', 'processing')
+       AND (processing_state IN ('uploaded', 'processing')
+       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
        AND ($1::text IS NULL OR tenant > $1)
      ORDER BY tenant LIMIT 1)
     UNION ALL
     SELECT (SELECT p.tenant FROM photos p
             WHERE p.enqueued_at IS NULL AND p.lane = 'bulk'
-              AND p.processing_state IN ('uploaded', 'processing') AND p.tenant > t.tenant
+              AND (p.processing_state IN ('uploaded', 'processing')
+                   OR (p.processing_state = 'processed' AND p.rerender_requested_at IS NOT NULL))
+              AND p.tenant > t.tenant
             ORDER BY p.tenant LIMIT 1)
     FROM t WHERE t.tenant IS NOT NULL
 )
@@ -68,13 +74,15 @@ SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT $2
 NOTIFIED_SQL = """
 SELECT DISTINCT tenant FROM photos
 WHERE id = ANY($1::uuid[]) AND enqueued_at IS NULL AND lane = 'bulk'
-  AND processing_state IN ('uploaded', 'processing')
+  AND (processing_state IN ('uploaded', 'processing')
+       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
 """
 
 # Bulk photos enqueued and not finished, by tenant. photos_bulk_in_flight_idx.
 IN_FLIGHT_SQL = """
 SELECT tenant, count(*)::int AS n FROM photos
-WHERE enqueued_at IS NOT NULL AND lane = 'bulk' AND processing_state IN ('uploaded', 'processing')
+WHERE enqueued_at IS NOT NULL AND lane = 'bulk' AND (processing_state IN ('uploaded', 'processing')
+       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
 GROUP BY tenant
 """
 
@@ -82,6 +90,18 @@ GROUP BY tenant
 # Before the XADD: the job row exists, so a worker that reads the entry at once finds it to
 # lock (a claim racing the insert of the job row by record_requeued answers `busy`, and
 # the entry would wait DARKROOM_CLAIM_IDLE_MS).
+# Anything the feeder has still to feed ($1: the intake of interactive rows is on). The
+# drain's last check; each EXISTS is one probe of its partial index.
+UNFED_SQL = """
+SELECT EXISTS (SELECT 1 FROM photos
+               WHERE enqueued_at IS NULL AND lane = 'bulk'
+                 AND (processing_state IN ('uploaded', 'processing')
+                  OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL)))
+    OR ($1 AND EXISTS (SELECT 1 FROM photos
+                       WHERE enqueued_at IS NULL AND lane = 'interactive'
+                         AND processing_state IN ('uploaded', 'processing')))
+"""
+
 PREPARE_JOBS_SQL = """
 INSERT INTO photo_jobs (photo_id, type, state)
 SELECT id, 'process', 'pending' FROM unnest($1::uuid[]) AS t(id)
@@ -113,6 +133,12 @@ async def notified_tenants(conn: Connection, photo_ids: list[uuid.UUID]) -> list
 @translated
 async def in_flight(conn: Connection) -> dict[str, int]:
     return {r["tenant"]: r["n"] for r in await conn.fetch(IN_FLIGHT_SQL)}
+
+
+@translated
+async def has_unfed(pool: Any, interactive: bool) -> bool:
+    """Whether a photo still waits for the feeder (interactive rows only if `interactive`)."""
+    return bool(await pool.fetchval(UNFED_SQL, interactive))
 
 
 @translated
