@@ -276,8 +276,14 @@ class Jobs:
     async def _step_aside(self, entry: Entry, claim: db.Claim) -> str:
         """The job's owner lives (its lease runs; a Redis outage ate its heartbeat): its own
         entry goes back to it, counting no delivery; a duplicate entry stays pending and
-        comes back after CLAIM_IDLE_MS, when the photo is finished or its owner gone."""
+        comes back after CLAIM_IDLE_MS, when the photo is finished or its owner gone. A
+        duplicate of a photo this very process is rendering is acked at once: the entry it
+        renders through finishes it, or is reclaimed if this process dies."""
         self.in_flight.settle(entry.id)
+        if claim.owner == self.streams.consumer and claim.last_entry != entry.id:
+            log.info("duplicate of a photo this worker is rendering; acked", entry_id=entry.id,
+                     rendering_entry=claim.last_entry)  # fmt: skip
+            return "already"
         handed = bool(claim.owner) and claim.last_entry == entry.id
         if handed:
             handed = await self._stream(entry).hand_back(entry.id, str(claim.owner))
