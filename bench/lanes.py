@@ -89,7 +89,8 @@ class Rig:
     runs: int = 0
 
     def settings(self, tag: str, **extra: object) -> Settings:
-        base = Settings(concurrency=2, stream=f"{{{tag}}}:photos",
+        base = Settings(concurrency=2, stream=f"{{{tag}}}:photos", database_url=DATABASE_URL,
+                        events_stream=f"{{{tag}}}:events",
                         dead_letter_stream=f"{{{tag}}}:dead", consumer="bench-lanes")  # fmt: skip
         return msgspec.structs.replace(base, **extra)
 
