@@ -28,10 +28,9 @@ from darkroom.errors import (
     BadMessageError,
     DarkroomError,
     InternalError,
-    first_error,
 )
 from darkroom.health import DEPENDENCIES, Gate
-from darkroom.image.pipeline import RenderResult
+from darkroom.image.pipeline import Rendered, RenderResult
 from darkroom.image.renderer import RenderPool
 from darkroom.queue import policy
 from darkroom.queue.inflight import InFlight
@@ -41,7 +40,7 @@ from darkroom.queue.streams import Streams
 from darkroom.recorder import Recorder
 from darkroom.settings import Settings
 from darkroom.store import db, history, keys
-from darkroom.store.storage import CONTENT_TYPES, Storage
+from darkroom.store.storage import CONTENT_TYPES, Storage, Upload
 
 log = structlog.get_logger("darkroom.jobs")
 
@@ -308,20 +307,9 @@ class Jobs:
     async def _upload(self, photo_id: uuid.UUID, result: RenderResult) -> list[dict[str, Any]]:
         """Each rendition under a new key named by its content, beside the live ones: a
         half-done upload changes nothing a reader sees (the row still names the old keys)."""
-        described: list[dict[str, Any]] = []
-        try:
-            async with anyio.create_task_group() as uploads:
-                for r in result.renditions:
-                    key = keys.rendition_key(photo_id, r.name, r.ext, r.sha256)
-                    uploads.start_soon(self.storage.put, key, r.data, CONTENT_TYPES[r.format],
-                                       self.settings.cache_control)  # fmt: skip
-                    described.append(
-                        {"name": r.name, "format": r.format, "key": key, "width": r.width,
-                         "height": r.height, "bytes": len(r.data)}
-                    )  # fmt: skip
-        except ExceptionGroup as group:
-            raise first_error(group) from group
-        return described
+        uploads = [_upload_of(photo_id, r) for r in result.renditions]
+        await self.storage.put_many(uploads, self.settings.cache_control)
+        return [_described(r, u.key) for r, u in zip(result.renditions, uploads, strict=True)]
 
     async def _delete_superseded(self, photo_id: uuid.UUID, candidates: list[str]) -> None:
         """After the commit, best effort: the photo is published, so a failure here only
@@ -445,6 +433,17 @@ class Jobs:
             tenant=entry.fields.get("tenant", "")[:MAX_TENANT_CHARS],
         )
         return bool(await self._stream(entry).dead_letter(entry.id, letter.fields(entry)))
+
+
+def _upload_of(photo_id: uuid.UUID, r: Rendered) -> Upload:
+    key = keys.rendition_key(photo_id, r.name, r.ext, r.sha256)
+    return Upload(key, r.data, CONTENT_TYPES[r.format])
+
+
+def _described(r: Rendered, key: str) -> dict[str, Any]:
+    """The rendition as the photo's row lists it."""
+    return {"name": r.name, "format": r.format, "key": key, "width": r.width,
+            "height": r.height, "bytes": len(r.data)}  # fmt: skip
 
 
 def _wait_observer(entry: Entry, deliveries: int) -> Callable[[], object] | None:

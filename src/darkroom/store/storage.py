@@ -59,6 +59,13 @@ class StoredObject:
 Page = list[StoredObject]
 
 
+@dataclass(frozen=True)
+class Upload:
+    key: str
+    data: bytes
+    content_type: str
+
+
 # What one read of a stream holds in memory, whatever the object's size.
 CHUNK_BYTES = 256 * 1024
 
@@ -84,6 +91,9 @@ class Storage(Protocol):
         self, key: str, data: bytes, content_type: str, cache_control: str | None = None
     ) -> None:
         """Write (or overwrite) one object; the local folder keeps no headers."""
+
+    async def put_many(self, objects: list[Upload], cache_control: str | None = None) -> None:
+        """Write several objects (a photo's renditions); all are stored once it returns."""
 
     async def delete(self, key: str) -> None:
         """Remove one object; an absent one is not an error."""
@@ -145,6 +155,16 @@ class FileStorage:
             await anyio.to_thread.run_sync(_write_file, self._path(key), data)
         except OSError as exc:
             raise _file_error(f"writing {key}", exc) from exc
+
+    async def put_many(self, objects: list[Upload], cache_control: str | None = None) -> None:
+        """One thread hop for them all, and one fsync per folder (a photo's renditions
+        share one): what a put of each costs four times."""
+        files = [(self._path(o.key), o.data) for o in objects]
+        try:
+            await anyio.to_thread.run_sync(_write_files, files)
+        except OSError as exc:
+            more = f" (+{len(objects) - 1} more)" if len(objects) > 1 else ""
+            raise _file_error(f"writing {objects[0].key}{more}", exc) from exc
 
     async def delete(self, key: str) -> None:
         try:
@@ -239,9 +259,21 @@ class FileStream:
 
 
 def _write_file(path: Path, data: bytes) -> None:
-    # Ordering: the bytes are on disk before the rename publishes the name, and the name
-    # is on disk (folder fsynced) before put returns, so before the publishing commit.
-    _make_folders(path.parent)
+    _write_files([(path, data)])
+
+
+def _write_files(files: list[tuple[Path, bytes]]) -> None:
+    # Ordering: the bytes are on disk before the rename publishes the name, and the names
+    # are on disk (folders fsynced) before put returns, so before the publishing commit.
+    for folder in dict.fromkeys(path.parent for path, _ in files):
+        _make_folders(folder)
+    for path, data in files:
+        _replace_synced(path, data)
+    for folder in dict.fromkeys(path.parent for path, _ in files):
+        _fsync_folder(folder)
+
+
+def _replace_synced(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -253,7 +285,6 @@ def _write_file(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    _fsync_folder(path.parent)
 
 
 def _make_folders(folder: Path) -> None:
@@ -412,6 +443,15 @@ class S3Storage:
                                              ContentType=content_type, **headers)  # fmt: skip
         except StorageUnavailableError as exc:
             raise await self._denied(key, exc) from exc.__cause__
+
+    async def put_many(self, objects: list[Upload], cache_control: str | None = None) -> None:
+        """Concurrent PUTs; the first failure is raised (the others are cancelled)."""
+        try:
+            async with anyio.create_task_group() as puts:
+                for o in objects:
+                    puts.start_soon(self.put, o.key, o.data, o.content_type, cache_control)
+        except ExceptionGroup as group:
+            raise errors.first_error(group) from group
 
     async def delete(self, key: str) -> None:
         """S3 answers 204 for an absent key too."""
