@@ -178,6 +178,41 @@ async def test_sweep_runs_one_at_a_time(store: Store, database_url: str) -> None
     assert len(await sweeper.sweep(store.pool, store.streams, 60)) == 1
 
 
+async def test_a_lock_holder_cancelled_leaves_no_lock_on_a_pooled_connection(
+    store: Store, database_url: str
+) -> None:
+    """Pooled connections are given back without a reset statement: a holder cancelled
+    while it holds a session lock must not leave the lock on the connection it gives back
+    (the next sweep, on that connection or any other, would never run)."""
+    import anyio
+
+    with anyio.CancelScope() as scope:
+        async with db.advisory_lock(store.pool, "darkroom:test-lock") as conn:
+            assert conn is not None
+            scope.cancel()
+            await anyio.sleep(1)
+    other = await asyncpg.connect(database_url)
+    try:
+        taken = False
+        for _ in range(100):  # a terminated session's locks go with its backend
+            taken = await other.fetchval(
+                "SELECT pg_try_advisory_lock(hashtext('darkroom:test-lock'))"
+            )
+            if taken:
+                break
+            await anyio.sleep(0.05)
+        assert taken
+        # and every connection the pool hands out holds no advisory lock at all
+        for _ in range(4):
+            held = await store.pool.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                " AND pid = pg_backend_pid()"
+            )
+            assert held == 0
+    finally:
+        await other.close()
+
+
 def test_failure_whose_dead_letter_was_never_written_gets_it(file_env: Env, tmp_path: Path) -> None:
     """Failure committed, then the worker died before its dead letter: the redelivery writes it."""
     broken = tmp_path / "broken.jpg"
