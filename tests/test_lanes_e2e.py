@@ -94,6 +94,9 @@ def test_a_bulk_photo_is_retried_dead_lettered_and_replayed_in_its_lane(file_env
     assert lane_of(file_env, photo_id)["enqueued_at"] is None
     file_env.cli("run", "--drain")  # its feeder feeds the photo again
     assert state(file_env, photo_id)[:2] == ("processed", "published")
+    rows = file_env.query("SELECT lane, outcome FROM photo_attempts WHERE photo_id = $1",
+                          photo_id)  # fmt: skip
+    assert len(rows) == 3 and {r["lane"] for r in rows} == {"bulk"}, rows
 
 
 def test_retry_of_a_failed_bulk_photo_goes_back_to_the_feeder(file_env: Env) -> None:
