@@ -129,6 +129,19 @@ def fed_in_order(env: Env) -> list[str]:
     return [r["tenant"] for r in rows]
 
 
+def test_a_bulk_ingest_is_fed_within_a_second_woken_by_the_insert_trigger(file_env: Env) -> None:
+    """`ingest --lane bulk` sends no NOTIFY of its own: the insert's trigger wakes the
+    feeder, which feeds the photo after its grace, long before its next tenant scan."""
+    start_feeding(file_env)
+    time.sleep(0.5)  # past the feeder's first tenant scan
+    [line] = file_env.cli("ingest", "--lane", "bulk", "--tenant", "t", str(SMALL)).stdout.split()
+    photo_id = uuid.UUID(line)
+    wait_for(lambda: processed(file_env, [photo_id]))
+    [row] = file_env.query("SELECT extract(epoch FROM enqueued_at - created_at)::float8 AS s"
+                           " FROM photos WHERE id = $1", photo_id)  # fmt: skip
+    assert row["s"] < 1.0, f"fed {row['s']:.2f} s after its insert"
+
+
 def test_a_dead_feeder_is_replaced(file_env: Env) -> None:
     """Kill the worker that feeds: another takes the lock and enqueues new rows."""
     start_feeding(file_env)
