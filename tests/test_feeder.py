@@ -14,8 +14,11 @@ from typing import Any
 from tests.conftest import PHOTOS, Env
 
 SMALL = PHOTOS / "4.webp"
+# The feeder lock held in this test's own database (pg_locks shows every database's: another
+# database's feeder on the same server must not count as this test's worker feeding).
 FEEDER_LOCK = "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = " \
-    "hashtext('darkroom:feeder')::oid"  # fmt: skip
+    "hashtext('darkroom:feeder')::oid AND database = " \
+    "(SELECT oid FROM pg_database WHERE datname = current_database())"  # fmt: skip
 
 
 def store_original(env: Env) -> tuple[uuid.UUID, str]:
