@@ -23,7 +23,8 @@ VALUES ($1, $2, $3, $4, $5, CASE WHEN $3 = 'interactive' THEN now() END)
 
 # Into the bulk lane, for the feeder: not enqueued any more, and fresh for the sweep (the
 # feeder's XADD is what shows progress next). Only an unfinished photo: one to process, or
-# a processed one with a re-render requested.
+# a processed one with a re-render requested. The id (pg_notify's value is void, NULL to a
+# client: it cannot tell a hand-over from none), or no row.
 TO_FEEDER_SQL = f"""
 WITH photo AS (
     UPDATE photos SET lane = 'bulk', enqueued_at = NULL, last_activity_at = now()
@@ -31,7 +32,7 @@ WITH photo AS (
                        OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
     RETURNING id
 )
-SELECT pg_notify('{INTAKE_CHANNEL}', id::text) FROM photo
+SELECT id, pg_notify('{INTAKE_CHANNEL}', id::text) FROM photo
 """
 
 # The lane and tenant an operator names (a NULL keeps the photo's own).
