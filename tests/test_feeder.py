@@ -11,6 +11,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
+import pytest
+
 from tests.conftest import PHOTOS, Env
 
 SMALL = PHOTOS / "4.webp"
@@ -143,6 +146,37 @@ def test_a_bulk_ingest_is_fed_within_a_second_woken_by_the_insert_trigger(file_e
     [row] = file_env.query("SELECT extract(epoch FROM enqueued_at - created_at)::float8 AS s"
                            " FROM photos WHERE id = $1", photo_id)  # fmt: skip
     assert row["s"] < 1.0, f"fed {row['s']:.2f} s after its insert"
+
+
+TENANT_CHECK = "photos_tenant_length_check"
+
+
+def test_a_tenant_over_128_characters_fails_the_producer_s_insert(file_env: Env) -> None:
+    """The database refuses a 129-character tenant with check_violation naming the
+    constraint (the producer learns at its INSERT); 128 characters are fine."""
+    insert_row(file_env, lane="bulk", tenant="t" * 128)
+    with pytest.raises(asyncpg.CheckViolationError, match=TENANT_CHECK):
+        insert_row(file_env, lane="bulk", tenant="t" * 129)
+
+
+def test_rows_with_over_long_tenants_from_before_the_constraint_are_rendered(file_env: Env) -> None:
+    """A tenant of 1,200 bytes in rows inserted while the database had no constraint: the
+    feeder's entry names its first 128 characters and the photo is rendered, not
+    dead-lettered; the upgrade that adds the constraint does not fail on such a row, cuts
+    its tenant to 128 characters, and the photo is rendered too."""
+    file_env.query(f"ALTER TABLE photos DROP CONSTRAINT {TENANT_CHECK}")
+    long = "ü" * 600  # 1,200 bytes of UTF-8: past a stream field's 1,024
+    before = insert_row(file_env, lane="bulk", tenant=long)
+    file_env.cli("run", "--drain", timeout=60)
+    assert processed(file_env, [before]) and file_env.redis.xlen(file_env.dead) == 0
+    upgraded = insert_row(file_env, lane="bulk", tenant=long)
+    file_env.query("DELETE FROM darkroom_schema")  # an older schema: migrate applies this one
+    file_env.cli("migrate")
+    rows = file_env.query("SELECT id, tenant FROM photos WHERE id = ANY($1::uuid[])",
+                          [before, upgraded])  # fmt: skip
+    assert {r["tenant"] for r in rows} == {"ü" * 128}
+    file_env.cli("run", "--drain", timeout=60)
+    assert processed(file_env, [upgraded]) and file_env.redis.xlen(file_env.dead) == 0
 
 
 def test_a_dead_feeder_is_replaced(file_env: Env) -> None:

@@ -19,7 +19,8 @@ from darkroom.errors import SettingsError
 from darkroom.image.renderer import REGULAR_NICE, _Slots
 from darkroom.queue import admission
 from darkroom.queue.admission import Places, Reads
-from darkroom.queue.messages import Entry, task_fields
+from darkroom.queue.lanes import MAX_TENANT_CHARS, entry_tenant
+from darkroom.queue.messages import Entry, parse_task, received, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings, from_env
 from darkroom.store import db
@@ -117,6 +118,16 @@ async def test_an_upload_renders_beside_a_full_bulk_load_in_a_process_that_is_no
             await anyio.sleep(0.1)
             tg.start_soon(render, "interactive", SMALL)
     assert finished == ["interactive", "bulk"]
+
+
+def test_a_bulk_entry_names_a_tenant_any_worker_accepts_whatever_the_row_holds() -> None:
+    """A tenant of 1,000 four-byte characters (no database constraint) becomes its first
+    128 characters in the feeder's entry: 512 bytes, not a bad_message."""
+    photo_id = uuid.uuid4()
+    tenant = entry_tenant("\U0001f600" * 1000)
+    assert (tenant, entry_tenant("acme")) == ("\U0001f600" * MAX_TENANT_CHARS, "acme")
+    sent = [b"photo_id", str(photo_id).encode(), b"tenant", tenant.encode()]
+    assert parse_task(received("1-0", sent, "bulk")).photo_id == photo_id
 
 
 async def test_to_feeder_says_whether_the_feeder_took_the_photo(database_url: str) -> None:
