@@ -157,6 +157,20 @@ BEGIN
     ALTER TABLE photos ADD CONSTRAINT photos_lane_check CHECK (lane IN ('interactive', 'bulk'));
 EXCEPTION WHEN duplicate_object THEN NULL;
 END $$;
+-- A tenant is at most 128 characters (queue/lanes.py MAX_TENANT_CHARS), so the feeder's bulk
+-- entry always fits a stream field (1,024 bytes; a longer one is a bad_message): a producer's
+-- longer tenant fails its INSERT with check_violation (SQLSTATE 23514) naming this
+-- constraint. NOT VALID: adding it scans nothing under its lock and never fails an upgrade.
+-- PostgreSQL still checks every later UPDATE of an older row, so a row already longer could
+-- no longer be fed, claimed or published: the same block (run once, when the constraint is
+-- added; one scan of photos) cuts those tenants to their first 128 characters.
+DO $$
+BEGIN
+    ALTER TABLE photos ADD CONSTRAINT photos_tenant_length_check
+        CHECK (char_length(tenant) <= 128) NOT VALID;
+    UPDATE photos SET tenant = left(tenant, 128) WHERE char_length(tenant) > 128;
+EXCEPTION WHEN duplicate_object THEN NULL;
+END $$;
 -- ---- end of issue 13 ----------------------------------------------------------------------
 
 -- ---- issue 16: HDR originals ----------------------------------------------------------------

@@ -52,8 +52,10 @@ TENANTS = {"large": "Landscape_1.jpg", "heavy": "4.webp", "small": "embedgravity
 HEAVY = "heavy"
 WINDOW_S = 60
 BIN_S = 10
+# in the bench's own database: pg_locks shows the feeder locks of every database
 FEEDER_LOCK = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'" \
-    " AND objid = hashtext('darkroom:feeder')::oid"  # fmt: skip
+    " AND objid = hashtext('darkroom:feeder')::oid AND database =" \
+    " (SELECT oid FROM pg_database WHERE datname = current_database())"  # fmt: skip
 
 
 def scheduler_cost(tenants: int = 10_000, picks: int = 50_000) -> tuple[float, float]:

@@ -76,7 +76,9 @@ async def statement_cost(pool: db.Pool, pairs: int = 3000) -> tuple[float, float
         backend = await conn.fetchval("SELECT pg_backend_pid()")
         started, cpu0 = time.perf_counter(), time.process_time() + cpu_s(backend)
         for i in range(pairs):
-            attempt = history.Attempt(await history.start(conn, photo_id, f"{i}-0", "bench"))
+            attempt = history.Attempt(
+                await history.start(conn, photo_id, f"{i}-0", "bench", "interactive")
+            )
             await history.finish(conn, attempt, history.Ending("published"))
         cpu = time.process_time() + cpu_s(backend) - cpu0
     return (time.perf_counter() - started) / pairs * 1e6, cpu / pairs * 1e6
@@ -99,7 +101,9 @@ async def probe(pool: db.Pool, stop: asyncio.Event, latencies_ms: list[float]) -
     await db.insert_photo(pool, photo_id, "originals/probe")
     while not stop.is_set():
         started = time.perf_counter()
-        attempt = history.Attempt(await history.start(pool, photo_id, "probe-0", "probe"))
+        attempt = history.Attempt(
+            await history.start(pool, photo_id, "probe-0", "probe", "interactive")
+        )
         await history.finish(pool, attempt, history.Ending("published"))
         latencies_ms.append((time.perf_counter() - started) * 1000)
         await asyncio.sleep(PROBE_EVERY_S)

@@ -318,8 +318,9 @@ async def test_another_relay_takes_over_when_the_relaying_one_loses_its_connecti
         tg.start_soon(other.run)
         await anyio.sleep(0.3)
         await box.pool.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks"
-            " WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
+            "SELECT pg_terminate_backend(pid) FROM pg_locks"  # this test's database only
+            " WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid() AND database ="
+            " (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
         await published(box.pool)
         await until_async(box.entries, 1)

@@ -11,11 +11,17 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
+import pytest
+
 from tests.conftest import PHOTOS, Env
 
 SMALL = PHOTOS / "4.webp"
+# The feeder lock held in this test's own database (pg_locks shows every database's: another
+# database's feeder on the same server must not count as this test's worker feeding).
 FEEDER_LOCK = "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = " \
-    "hashtext('darkroom:feeder')::oid"  # fmt: skip
+    "hashtext('darkroom:feeder')::oid AND database = " \
+    "(SELECT oid FROM pg_database WHERE datname = current_database())"  # fmt: skip
 
 
 def store_original(env: Env) -> tuple[uuid.UUID, str]:
@@ -127,6 +133,50 @@ def fed_in_order(env: Env) -> list[str]:
                      " AND p.enqueued_at IS NOT NULL AND j.stream_entry IS NOT NULL")  # fmt: skip
     rows.sort(key=lambda r: tuple(int(n) for n in r["stream_entry"].split("-")))
     return [r["tenant"] for r in rows]
+
+
+def test_a_bulk_ingest_is_fed_within_a_second_woken_by_the_insert_trigger(file_env: Env) -> None:
+    """`ingest --lane bulk` sends no NOTIFY of its own: the insert's trigger wakes the
+    feeder, which feeds the photo after its grace, long before its next tenant scan."""
+    start_feeding(file_env)
+    time.sleep(0.5)  # past the feeder's first tenant scan
+    [line] = file_env.cli("ingest", "--lane", "bulk", "--tenant", "t", str(SMALL)).stdout.split()
+    photo_id = uuid.UUID(line)
+    wait_for(lambda: processed(file_env, [photo_id]))
+    [row] = file_env.query("SELECT extract(epoch FROM enqueued_at - created_at)::float8 AS s"
+                           " FROM photos WHERE id = $1", photo_id)  # fmt: skip
+    assert row["s"] < 1.0, f"fed {row['s']:.2f} s after its insert"
+
+
+TENANT_CHECK = "photos_tenant_length_check"
+
+
+def test_a_tenant_over_128_characters_fails_the_producer_s_insert(file_env: Env) -> None:
+    """The database refuses a 129-character tenant with check_violation naming the
+    constraint (the producer learns at its INSERT); 128 characters are fine."""
+    insert_row(file_env, lane="bulk", tenant="t" * 128)
+    with pytest.raises(asyncpg.CheckViolationError, match=TENANT_CHECK):
+        insert_row(file_env, lane="bulk", tenant="t" * 129)
+
+
+def test_rows_with_over_long_tenants_from_before_the_constraint_are_rendered(file_env: Env) -> None:
+    """A tenant of 1,200 bytes in rows inserted while the database had no constraint: the
+    feeder's entry names its first 128 characters and the photo is rendered, not
+    dead-lettered; the upgrade that adds the constraint does not fail on such a row, cuts
+    its tenant to 128 characters, and the photo is rendered too."""
+    file_env.query(f"ALTER TABLE photos DROP CONSTRAINT {TENANT_CHECK}")
+    long = "ü" * 600  # 1,200 bytes of UTF-8: past a stream field's 1,024
+    before = insert_row(file_env, lane="bulk", tenant=long)
+    file_env.cli("run", "--drain", timeout=60)
+    assert processed(file_env, [before]) and file_env.redis.xlen(file_env.dead) == 0
+    upgraded = insert_row(file_env, lane="bulk", tenant=long)
+    file_env.query("DELETE FROM darkroom_schema")  # an older schema: migrate applies this one
+    file_env.cli("migrate")
+    rows = file_env.query("SELECT id, tenant FROM photos WHERE id = ANY($1::uuid[])",
+                          [before, upgraded])  # fmt: skip
+    assert {r["tenant"] for r in rows} == {"ü" * 128}
+    file_env.cli("run", "--drain", timeout=60)
+    assert processed(file_env, [upgraded]) and file_env.redis.xlen(file_env.dead) == 0
 
 
 def test_a_dead_feeder_is_replaced(file_env: Env) -> None:

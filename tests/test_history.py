@@ -80,7 +80,7 @@ async def claimed(pool: db.Pool, ms: int) -> tuple[uuid.UUID, int]:
     photo_id = uuid.uuid4()
     await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
     await db.claim(pool, photo_id, "1-0", "w1", db.Lease("A", ms, 5))
-    return photo_id, await history.start(pool, photo_id, "1-0", "w1")
+    return photo_id, await history.start(pool, photo_id, "1-0", "w1", "interactive")
 
 
 async def test_a_dead_workers_delivery_shows_as_worker_died(pool: db.Pool) -> None:
@@ -96,7 +96,7 @@ async def test_a_reclaim_marks_the_first_delivery_dead(pool: db.Pool) -> None:
     `worker_died`, the new one `running`."""
     photo_id, _ = await claimed(pool, 1)
     await db.claim(pool, photo_id, "1-0", "w2", db.Lease("B", 60_000, 5))
-    await history.start(pool, photo_id, "1-0", "w2")
+    await history.start(pool, photo_id, "1-0", "w2", "interactive")
     shown = [(a["consumer"], a["outcome"]) for a in await history.timeline(pool, photo_id)]
     assert shown == [("w1", "worker_died"), ("w2", "running")]
 

@@ -19,10 +19,12 @@ from darkroom.errors import SettingsError
 from darkroom.image.renderer import REGULAR_NICE, _Slots
 from darkroom.queue import admission
 from darkroom.queue.admission import Places, Reads
-from darkroom.queue.messages import Entry, task_fields
+from darkroom.queue.lanes import MAX_TENANT_CHARS, entry_tenant
+from darkroom.queue.messages import Entry, parse_task, received, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings, from_env
 from darkroom.store import db
+from darkroom.store import lanes as store_lanes
 from darkroom.store.storage import FileStorage
 from darkroom.worker import Worker
 from tests.conftest import REDIS_URL
@@ -116,6 +118,35 @@ async def test_an_upload_renders_beside_a_full_bulk_load_in_a_process_that_is_no
             await anyio.sleep(0.1)
             tg.start_soon(render, "interactive", SMALL)
     assert finished == ["interactive", "bulk"]
+
+
+def test_a_bulk_entry_names_a_tenant_any_worker_accepts_whatever_the_row_holds() -> None:
+    """A tenant of 1,000 four-byte characters (no database constraint) becomes its first
+    128 characters in the feeder's entry: 512 bytes, not a bad_message."""
+    photo_id = uuid.uuid4()
+    tenant = entry_tenant("\U0001f600" * 1000)
+    assert (tenant, entry_tenant("acme")) == ("\U0001f600" * MAX_TENANT_CHARS, "acme")
+    sent = [b"photo_id", str(photo_id).encode(), b"tenant", tenant.encode()]
+    assert parse_task(received("1-0", sent, "bulk")).photo_id == photo_id
+
+
+async def test_to_feeder_says_whether_the_feeder_took_the_photo(database_url: str) -> None:
+    """True for an unfinished photo (now bulk and unfed); False for a missing photo and for
+    a processed one with no re-render asked (both left as they were)."""
+    pool = await db.connect(database_url, 1)
+    try:
+        photo_id = uuid.uuid4()
+        await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
+        assert await store_lanes.to_feeder(pool, photo_id) is True
+        row = await pool.fetchrow("SELECT lane, enqueued_at FROM photos WHERE id = $1", photo_id)
+        assert (row["lane"], row["enqueued_at"]) == ("bulk", None)
+        assert await store_lanes.to_feeder(pool, uuid.uuid4()) is False
+        await pool.execute("UPDATE photos SET processing_state = 'processed', processed_at = now(),"
+                           " enqueued_at = now() WHERE id = $1", photo_id)  # fmt: skip
+        assert await store_lanes.to_feeder(pool, photo_id) is False
+        assert await pool.fetchval("SELECT enqueued_at FROM photos WHERE id = $1", photo_id)
+    finally:
+        await pool.close()
 
 
 @pytest.fixture

@@ -94,6 +94,9 @@ def test_a_bulk_photo_is_retried_dead_lettered_and_replayed_in_its_lane(file_env
     assert lane_of(file_env, photo_id)["enqueued_at"] is None
     file_env.cli("run", "--drain")  # its feeder feeds the photo again
     assert state(file_env, photo_id)[:2] == ("processed", "published")
+    rows = file_env.query("SELECT lane, outcome FROM photo_attempts WHERE photo_id = $1",
+                          photo_id)  # fmt: skip
+    assert len(rows) == 3 and {r["lane"] for r in rows} == {"bulk"}, rows
 
 
 def test_retry_of_a_failed_bulk_photo_goes_back_to_the_feeder(file_env: Env) -> None:
@@ -105,6 +108,30 @@ def test_retry_of_a_failed_bulk_photo_goes_back_to_the_feeder(file_env: Env) -> 
     assert file_env.cli("retry", str(photo_id)).stdout.split()[-1] == "feeder"
     assert file_env.redis.xlen(file_env.stream) == 0
     assert lane_of(file_env, photo_id)["enqueued_at"] is None
+
+
+def test_a_bulk_photo_the_feeder_does_not_take_is_reported_and_its_letter_kept(
+    file_env: Env,
+) -> None:
+    """`enqueue` of a processed or missing bulk photo feeds nothing, says so and exits 1;
+    `dlq replay` keeps a bulk letter whose photo is gone or processed since, and says why."""
+    [done] = ingest(file_env, [PHOTOS / "4.webp"], "--lane", "bulk")
+    file_env.cli("run", "--drain")
+    fed_at, gone = lane_of(file_env, done)["enqueued_at"], uuid.uuid4()
+    for args in ((str(done),), ("--lane", "bulk", str(gone))):
+        result = file_env.cli("enqueue", *args, check=False)
+        assert (result.returncode, result.stdout) == (1, ""), result
+        assert "not handed to the feeder" in result.stderr
+    assert lane_of(file_env, done)["enqueued_at"] == fed_at, "still counts as fed"
+    for photo_id in (done, gone):
+        letter = {"photo_id": str(photo_id), "lane": "bulk", "error_code": "corrupt_image"}
+        file_env.redis.xadd(file_env.dead, letter)
+    replay = file_env.cli("dlq", "replay")
+    assert replay.stdout.count("skipped: its bulk photo is gone, or processed since") == 2
+    assert "2 skipped" in replay.stderr
+    assert file_env.redis.xlen(file_env.dead) == 2, "the letters stay"
+    assert file_env.redis.xlen(bulk_stream(file_env)) == 0
+    assert lane_of(file_env, done)["enqueued_at"] == fed_at
 
 
 def test_enqueue_moves_a_photo_between_lanes(file_env: Env) -> None:

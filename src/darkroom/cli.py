@@ -358,12 +358,7 @@ async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
     if not args.photo_ids:
         print("darkroom: enqueue needs PHOTO_ID...", file=sys.stderr)
         return 2
-    async with services(settings, 1) as (pool, streams):
-        await streams.ensure_group()
-        for photo_id in args.photo_ids:
-            sent = await ops.enqueue_again(pool, streams, photo_id, args.lane, args.tenant)
-            print(sent, flush=True)
-    return 0
+    return await ops.cmd_enqueue(settings, args)
 
 
 async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:

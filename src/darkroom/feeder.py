@@ -20,6 +20,7 @@ import structlog
 from darkroom import metrics
 from darkroom.errors import DarkroomError
 from darkroom.health import Clock, RealClock
+from darkroom.queue.lanes import entry_tenant
 from darkroom.queue.messages import task_fields
 from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.scheduler import Pending, Refill, Scheduler
@@ -177,7 +178,7 @@ class Feeder:
             photo = await self._next_photo(conn)
             if photo is None:
                 break
-            fields = {**task_fields(photo.photo_id), "tenant": photo.tenant}
+            fields = {**task_fields(photo.photo_id), "tenant": entry_tenant(photo.tenant)}
             await self._enqueue(conn, self.bulk, photo.photo_id, fields)
             metrics.FED.labels("bulk").inc()
         metrics.BULK_TENANTS.set(len(self.scheduler))

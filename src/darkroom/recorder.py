@@ -58,7 +58,9 @@ class Recorder:
         attempt = self.attempt(entry)
         if self.enabled:
             with _logged(entry):
-                attempt.row_id = await history.start(self.pool, photo_id, entry.id, self.consumer)
+                attempt.row_id = await history.start(
+                    self.pool, photo_id, entry.id, self.consumer, entry.lane
+                )
 
     def forget(self, entry: Entry) -> None:
         """A delivery cut short without an end (stopped before its claim was given back):
@@ -76,7 +78,8 @@ class Recorder:
                 await history.finish(self.pool, attempt, ending)
             else:
                 photo_id = _photo_id(entry)
-                await history.record(self.pool, photo_id, entry.id, self.consumer, attempt, ending)
+                await history.record(self.pool, photo_id, entry.id, self.consumer, entry.lane,
+                                     attempt, ending)  # fmt: skip
 
 
 @contextlib.contextmanager

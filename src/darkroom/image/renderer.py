@@ -45,6 +45,10 @@ from darkroom.settings import RenditionSpec, Settings
 _M_ARENA_MAX = -8  # glibc mallopt parameter
 _MEMORY_MARGIN_MB = 64
 _CLOSE_WAIT_S = 5.0
+# A new render process's first word, once its niceness, arenas, threads and memory limit are
+# set: the pool hands it no photo, and counts it warm, before that.
+_READY = "ready"
+_READY_WAIT_S = 30.0
 _LIBC = ctypes.CDLL(None)
 _context: Any = None
 _START_LOCK = threading.Lock()
@@ -104,6 +108,7 @@ def _serve(conn: Connection, memory_mb: int, vips_threads: int, nice: int = 0) -
     limit = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     with conn:
+        conn.send(_READY)
         while True:
             reply = _serve_one(conn, memory_mb)
             if reply is None:
@@ -227,6 +232,14 @@ class _Child:
             self.conn.close()
             return ("died",)
 
+    def ready(self) -> bool:
+        """Runs in a thread: wait for the process's first word (it is set up); False if it
+        died or hung first."""
+        try:
+            return bool(self.conn.poll(_READY_WAIT_S)) and self.conn.recv() == _READY
+        except (EOFError, OSError):
+            return False
+
 
 class RenderPool:
     """`async with RenderPool(...) as pool: await pool.render(data, specs)`.
@@ -287,7 +300,8 @@ class RenderPool:
         await self.close()
 
     async def start(self) -> None:
-        """Warm every slot now, so the first photos pay no process start."""
+        """Warm every slot now, so the first photos pay no process start: each process is
+        set up (its niceness too) when this returns."""
         for kind, size in self._sizes.items():
             while sum(child.kind == kind for child in self._idle) < size:
                 self._idle.append(await self._spawn(kind))
@@ -391,9 +405,14 @@ class RenderPool:
         try:
             await anyio.to_thread.run_sync(_start, process, limiter=self._threads)
         finally:
-            theirs.close()
+            theirs.close()  # before the wait: a child that dies is then an EOF here
         self.started += 1
-        return _Child(process, ours, kind=kind)
+        child = _Child(process, ours, kind=kind)
+        if not await anyio.to_thread.run_sync(child.ready, limiter=self._threads):
+            ours.close()
+            await self._reap(child, "crashed", timeout_s=0)
+            raise RenderCrashedError(f"render process did not start (exit {process.exitcode})")
+        return child
 
     async def _reap(self, child: _Child, reason: str, *, timeout_s: float | None = None) -> None:
         """Wait for the process to end (killing it after `timeout_s`), even when cancelled."""

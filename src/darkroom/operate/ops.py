@@ -24,6 +24,23 @@ from darkroom.store import lanes as store_lanes
 
 # What a bulk (re-)enqueue prints instead of an entry id: the feeder enqueues it.
 FED = "feeder"
+# Why a bulk photo was not handed to the feeder (to_feeder takes only an unfinished photo).
+NOT_FEEDABLE = (
+    "not handed to the feeder: no such photo, or it is finished (a processed photo is "
+    "re-rendered by `enqueue --rerender`, a failed one retried by `darkroom retry`)"
+)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A dead letter nothing was enqueued for, and why (shown to the operator)."""
+
+    why: str
+
+
+NO_PHOTO_ID = Skipped("no photo_id; the letter stays")
+TAKEN = Skipped("another replay took it")
+GONE_OR_DONE = Skipped("its bulk photo is gone, or processed since; the letter stays")
 
 # A consumer idle longer than this is marked in `status` and pruned by default (1 h).
 IDLE_BOUND_MS = 3_600_000
@@ -154,38 +171,40 @@ def pick_letters(entries: list[Entry], code: str | None, limit: int) -> tuple[li
     return picked, len(entries)
 
 
-async def replay_letter(pool: db.Pool, streams: Streams, letter: Entry) -> str | None:
+async def replay_letter(pool: db.Pool, streams: Streams, letter: Entry) -> str | Skipped:
     """Reset the photo to `uploaded`, then move the letter back onto the work stream in one
-    script (so never twice, even by two replays at once). The new entry id, or None for a
-    letter without a photo id or one another replay took first."""
+    script (so never twice, even by two replays at once). The new entry id (FED for a bulk
+    letter), or why nothing was enqueued."""
     raw = letter.fields.get("photo_id")
     try:
         photo_id = uuid.UUID(raw or "")
     except ValueError:
-        return None
+        return NO_PHOTO_ID
     await db.reset_failed(pool, photo_id)
     if letter.fields.get("lane") == "bulk":
         return await _replay_to_feeder(pool, streams, letter.id, photo_id)
     new_id = await streams.for_lane("interactive").replay_once(letter.id, task_fields(photo_id))
-    if new_id is not None:
-        await db.record_requeued(pool, photo_id, new_id)
+    if new_id is None:
+        return TAKEN
+    await db.record_requeued(pool, photo_id, new_id)
     return new_id
 
 
 async def _replay_to_feeder(
     pool: db.Pool, streams: Streams, dead_id: str, photo_id: uuid.UUID
-) -> str | None:
-    """A bulk letter goes back through the feeder: taken from the dead stream once (of two
-    replays at once, one wins), then the photo is the feeder's again."""
-    if not await streams.take_letter(dead_id):
-        return None
-    await store_lanes.to_feeder(pool, photo_id)
-    return FED
+) -> str | Skipped:
+    """A bulk letter goes back through the feeder. The photo first: a letter whose photo
+    the feeder does not take (gone, or processed since) stays. Then the letter is taken
+    once; of two replays at once, the loser's hand-over only repeats the winner's (at
+    worst a duplicate entry, which ends `busy` or `already`)."""
+    if not await store_lanes.to_feeder(pool, photo_id):
+        return GONE_OR_DONE
+    return FED if await streams.take_letter(dead_id) else TAKEN
 
 
 async def retry_photo(pool: db.Pool, streams: Streams, photo_id: uuid.UUID) -> str | None:
     """A failed photo is terminal until an operator retries it: reset, then XADD. None if
-    the photo was not `processing_failed` (left alone)."""
+    the photo was not `processing_failed` (left alone), or was deleted meanwhile."""
     if not await db.reset_failed(pool, photo_id):
         return None
     await streams.ensure_group()
@@ -198,15 +217,15 @@ async def enqueue_again(
     photo_id: uuid.UUID,
     lane: str | None = None,
     tenant: str | None = None,
-) -> str:
+) -> str | None:
     """Into the photo's own lane, or into `lane` (recorded in its row, with `tenant`).
     Interactive: XADD and remember the entry it now goes through (the sweeper and the
-    owning-entry guards read it), the new entry id; bulk: to the feeder, FED."""
+    owning-entry guards read it), the new entry id; bulk: to the feeder, FED, or None when
+    the feeder does not take it (the photo is gone or finished): nothing was enqueued."""
     if lane is not None or tenant is not None:
         await store_lanes.set_lane(pool, photo_id, lane, tenant)
     if (lane or await store_lanes.lane_of(pool, photo_id)) == "bulk":
-        await store_lanes.to_feeder(pool, photo_id)
-        return FED
+        return FED if await store_lanes.to_feeder(pool, photo_id) else None
     entry_id = await streams.for_lane("interactive").enqueue(task_fields(photo_id))
     await db.record_requeued(pool, photo_id, entry_id)
     return entry_id
@@ -253,15 +272,30 @@ async def _replay_letters(pool: db.Pool, streams: Streams, args: argparse.Namesp
             continue
         await pacer.wait()
         new_id = await replay_letter(pool, streams, letter)
-        if new_id is None:
+        if isinstance(new_id, Skipped):
             skipped += 1
-            why = "skipped (no photo_id, or another replay took it)"
-            progress.line(f"{_letter_line(letter)}  {why}", sys.stdout)
+            progress.line(f"{_letter_line(letter)}  skipped: {new_id.why}", sys.stdout)
             continue
         progress.advance()
         progress.line(f"{_letter_line(letter)}  replayed as {new_id}", sys.stdout)
     progress.finish(f"{skipped} skipped" if skipped else "")
     return 0
+
+
+async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
+    """Each photo into its own lane (or `--lane`); exits 1 if a bulk photo was not handed
+    to the feeder (gone or finished: nothing was enqueued for it)."""
+    status = 0
+    async with services(settings, 1) as (pool, streams):
+        await streams.ensure_group()
+        for photo_id in args.photo_ids:
+            sent = await enqueue_again(pool, streams, photo_id, args.lane, args.tenant)
+            if sent is None:
+                print(f"{photo_id}: {NOT_FEEDABLE}", file=sys.stderr)
+                status = 1
+            else:
+                print(sent, flush=True)
+    return status
 
 
 async def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
@@ -292,13 +326,23 @@ async def cmd_rerender(settings: Settings, args: argparse.Namespace) -> int:
         marked = await db.request_rerender(pool, list(args.photo_ids), args.since)
         # a whole library goes through bulk unless told otherwise; named photos keep theirs
         lane = args.lane or ("bulk" if args.since else None)
-        for photo_id in marked:
-            sent = await enqueue_again(pool, streams, photo_id, lane, args.tenant)
-            print(photo_id, sent, flush=True)
+        lost = [p for p in marked if not await _enqueued(pool, streams, p, lane, args.tenant)]
     left = sorted(set(args.photo_ids) - set(marked))
     for photo_id in left:
         print(f"{photo_id} is not processed; left alone", file=sys.stderr)
-    return 1 if left else 0
+    return 1 if left or lost else 0
+
+
+async def _enqueued(
+    pool: db.Pool, streams: Streams, photo_id: uuid.UUID, lane: str | None, tenant: str | None
+) -> bool:
+    """A marked photo re-rendered through its lane: `photo_id entry_id`, or why not."""
+    sent = await enqueue_again(pool, streams, photo_id, lane, tenant)
+    if sent is None:  # deleted since it was marked
+        print(f"{photo_id}: {NOT_FEEDABLE}", file=sys.stderr)
+        return False
+    print(photo_id, sent, flush=True)
+    return True
 
 
 # -- consumers ------------------------------------------------------------------------------

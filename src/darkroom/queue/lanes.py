@@ -32,6 +32,14 @@ def parse_tenant(text: str) -> str:
     return text
 
 
+def entry_tenant(tenant: str) -> str:
+    """The tenant a bulk entry names: at most MAX_TENANT_CHARS characters (at most 512 bytes
+    of UTF-8, within a field's 1,024), whatever the row holds. schema.sql's
+    photos_tenant_length_check keeps rows that short; a database without it (dropped, or not
+    migrated yet) must not turn a row into an entry every worker refuses as bad_message."""
+    return tenant[:MAX_TENANT_CHARS]
+
+
 def stream_of(settings: Settings, lane: Lane) -> str:
     return settings.stream if lane == "interactive" else settings.bulk_stream_key
 

@@ -45,17 +45,19 @@ class Ending:
 # never a photo's state, whose statements keep synchronous commits.
 QUICK = "WITH quick AS (SELECT set_config('synchronous_commit', 'off', true))"
 
+# `lane`: the lane of the stream the entry came through (Entry.lane), which is what the
+# delivery lived; the photo's row may name another lane by now (`enqueue --lane`).
 START_SQL = f"""{QUICK}
 INSERT INTO photo_attempts (photo_id, entry_id, consumer, lane)
-SELECT $1, $2, $3, (SELECT lane FROM photos WHERE id = $1) FROM quick
+SELECT $1, $2, $3, $4 FROM quick
 RETURNING id
 """
 
 
 @translated
-async def start(pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str) -> int:
+async def start(pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str, lane: str) -> int:
     """The row of a delivery that just claimed its job, `running` until `finish`."""
-    row_id: int = await pool.fetchval(START_SQL, photo_id, entry_id, consumer)
+    row_id: int = await pool.fetchval(START_SQL, photo_id, entry_id, consumer, lane)
     return row_id
 
 
@@ -74,8 +76,7 @@ async def finish(pool: Pool, attempt: Attempt, ending: Ending) -> None:
 RECORD_SQL = f"""{QUICK}
 INSERT INTO photo_attempts (photo_id, entry_id, consumer, lane, ended_at, outcome,
     error_code, error, download_ms, render_ms, upload_ms, publish_ms, peak_rss_mb)
-SELECT $1, $2, $3, (SELECT lane FROM photos WHERE id = $1), now(),
-       $4, $5, $6, $7, $8, $9, $10, $11
+SELECT $1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11, $12
 FROM quick
 """
 
@@ -86,12 +87,14 @@ async def record(
     photo_id: uuid.UUID | None,
     entry_id: str,
     consumer: str,
+    lane: str,
     attempt: Attempt,
     ending: Ending,
 ) -> None:
     """A delivery that ended without a `running` row (it claimed nothing, or the insert
     failed): one finished row."""
-    await pool.execute(RECORD_SQL, photo_id, entry_id, consumer, *_ending_args(attempt, ending))
+    args = (photo_id, entry_id, consumer, lane, *_ending_args(attempt, ending))
+    await pool.execute(RECORD_SQL, *args)
 
 
 def _ending_args(attempt: Attempt, ending: Ending) -> tuple[Any, ...]:

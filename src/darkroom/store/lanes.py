@@ -14,19 +14,17 @@ from darkroom.store.db import Connection, Pool, translated
 from darkroom.store.intake import INTAKE_CHANNEL
 
 # A new photo; an interactive one counts as enqueued now (its producer XADDs it next, and
-# the feeder must not), a bulk one is the feeder's at once. NOTIFY is sent at commit.
-INSERT_SQL = f"""
-WITH photo AS (
-    INSERT INTO photos (id, original_key, lane, tenant, cost, enqueued_at)
-    VALUES ($1, $2, $3, $4, $5, CASE WHEN $3 = 'interactive' THEN now() END)
-    RETURNING id, lane
-)
-SELECT pg_notify('{INTAKE_CHANNEL}', id::text) FROM photo WHERE lane = 'bulk'
+# the feeder must not), a bulk one is the feeder's at once: schema.sql's photos_intake_notify
+# trigger wakes the feeder at commit (it notifies every insert with enqueued_at NULL).
+INSERT_SQL = """
+INSERT INTO photos (id, original_key, lane, tenant, cost, enqueued_at)
+VALUES ($1, $2, $3, $4, $5, CASE WHEN $3 = 'interactive' THEN now() END)
 """
 
 # Into the bulk lane, for the feeder: not enqueued any more, and fresh for the sweep (the
 # feeder's XADD is what shows progress next). Only an unfinished photo: one to process, or
-# a processed one with a re-render requested.
+# a processed one with a re-render requested. The id (pg_notify's value is void, NULL to a
+# client: it cannot tell a hand-over from none), or no row.
 TO_FEEDER_SQL = f"""
 WITH photo AS (
     UPDATE photos SET lane = 'bulk', enqueued_at = NULL, last_activity_at = now()
@@ -34,7 +32,7 @@ WITH photo AS (
                        OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
     RETURNING id
 )
-SELECT pg_notify('{INTAKE_CHANNEL}', id::text) FROM photo
+SELECT id, pg_notify('{INTAKE_CHANNEL}', id::text) FROM photo
 """
 
 # The lane and tenant an operator names (a NULL keeps the photo's own).

@@ -59,7 +59,7 @@ async def replay(request: Request) -> Response:
     letters = [e async for e in ops.dead_letters(d.streams, codes, REPLAY_MAX)]
     replayed = 0
     for letter in letters:
-        replayed += await ops.replay_letter(d.pool, d.streams, letter) is not None
+        replayed += isinstance(await ops.replay_letter(d.pool, d.streams, letter), str)
     more = len(letters) == REPLAY_MAX
     log.info("dead letters replayed", via=kind, code=code, replayed=replayed, more=more)
     payload = {"replayed": replayed, "skipped": len(letters) - replayed, "more": more}
