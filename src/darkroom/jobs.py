@@ -241,11 +241,12 @@ class Jobs:
         The job is claimed before any failure is recorded: only its owner may record one."""
         cached = self.in_flight.claim_of(entry.id)
         claim = cached or await db.claim(
-            self.pool, photo_id, entry.id, self.streams.consumer, self.lease
-        )
+            self.pool, photo_id, entry.id, self.streams.consumer, self.lease,
+            self.recorder.lane_of(entry),
+        )  # fmt: skip
         self.in_flight.claimed(entry.id, claim)
-        if cached is None and claim.outcome in ("claimed", "exhausted"):
-            await self.recorder.begin(entry, photo_id)
+        if cached is None:
+            self.recorder.begun(entry, claim.history_row)
         return claim
 
     async def _unclaimed(self, entry: Entry, deliveries: int, claim: db.Claim) -> str:

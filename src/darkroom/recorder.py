@@ -1,7 +1,8 @@
 """Each delivery's row in the attempt history, as the worker lives it: inserted `running`
-once its claim commits, its stage timings and the render's peak RSS gathered meanwhile,
-finished by one UPDATE when it ends (store/history.py holds the SQL). Best effort: a
-failed write is logged, never the photo's failure nor more than one statement's delay.
+by the claim's own statement (store/db.py), its stage timings and the render's peak RSS
+gathered meanwhile, finished by one UPDATE when it ends (store/history.py holds the SQL).
+The UPDATE is best effort: a failed one is logged, never the photo's failure nor more than
+one statement's delay.
 And the history's retention: batched deletes of the expired days, one worker at a time.
 """
 
@@ -52,15 +53,16 @@ class Recorder:
         finally:
             self.attempt(entry).add(stage, (time.perf_counter() - started_s) * 1000)
 
-    async def begin(self, entry: Entry, photo_id: uuid.UUID) -> None:
-        """The `running` row, right after the claim committed: a worker that dies from
-        here on leaves it, and the timeline shows the death."""
-        attempt = self.attempt(entry)
-        if self.enabled:
-            with _logged(entry):
-                attempt.row_id = await history.start(
-                    self.pool, photo_id, entry.id, self.consumer, entry.lane
-                )
+    def lane_of(self, entry: Entry) -> str | None:
+        """What the claim writes the delivery's `running` row with (its lane), in its own
+        statement: a worker that dies from there on leaves the row, and the timeline
+        shows the death. None: no row (DARKROOM_HISTORY=false)."""
+        return entry.lane if self.enabled else None
+
+    def begun(self, entry: Entry, row_id: int | None) -> None:
+        """The row the claim wrote, if it claimed a job; `end` finishes it."""
+        if row_id is not None:
+            self.attempt(entry).row_id = row_id
 
     def forget(self, entry: Entry) -> None:
         """A delivery cut short without an end (stopped before its claim was given back):

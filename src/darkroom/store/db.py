@@ -162,6 +162,7 @@ class Claim:
     photo_id: uuid.UUID = NO_PHOTO
     counted: bool = False  # this claim counted an attempt (not a claim by its own holder)
     owner: str | None = None  # busy: the consumer whose live process holds the job
+    history_row: int | None = None  # the delivery's `running` row in photo_attempts
 
 
 # One statement. Lock the photo, then its job (so the job is read as it is now, not as the
@@ -228,11 +229,18 @@ WITH p AS (
     UPDATE photos SET processing_state = 'processing', error_code = NULL, updated_at = now(),
         last_activity_at = now(), enqueued_at = coalesce(photos.enqueued_at, now())
     FROM p WHERE photos.id = p.id AND NOT p.rerender AND EXISTS (SELECT 1 FROM job)
+), attempt_row AS (
+    -- the delivery's `running` history row, in the claim's own commit ($7: its lane;
+    -- NULL with DARKROOM_HISTORY=false)
+    INSERT INTO photo_attempts (photo_id, entry_id, consumer, lane)
+    SELECT $1, $2, $3, $7 FROM job WHERE $7::text IS NOT NULL
+    RETURNING id
 )
 SELECT p.original_key, p.finished, p.processing_state, job.run_attempt,
        next.attempt - next.run_offset AS next_attempt, next.own,
        NOT next.own AND next.attempt - next.run_offset > $6 AS over_cap, prior.held,
-       prior.stream_entry, prior.consumer, prior.error_code, prior.last_error
+       prior.stream_entry, prior.consumer, prior.error_code, prior.last_error,
+       (SELECT id FROM attempt_row) AS attempt_row
 FROM p LEFT JOIN job ON true LEFT JOIN prior ON true LEFT JOIN next ON true
 """
 
@@ -259,9 +267,16 @@ NO_LEASE = Lease(None, 0, 2**31 - 1)
 
 @translated
 async def claim(
-    pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str, lease: Lease = NO_LEASE
+    pool: Pool,
+    photo_id: uuid.UUID,
+    entry_id: str,
+    consumer: str,
+    lease: Lease = NO_LEASE,
+    history_lane: str | None = None,
 ) -> Claim:
-    row = await pool.fetchrow(CLAIM_SQL, photo_id, entry_id, consumer, *lease.args)
+    """`history_lane`: write the delivery's `running` history row (with that lane) in the
+    same statement when a job is claimed; None writes none."""
+    row = await pool.fetchrow(CLAIM_SQL, photo_id, entry_id, consumer, *lease.args, history_lane)
     if row is None:
         return Claim("skipped", photo_id=photo_id)
     return _claim_of(photo_id, row)
@@ -270,7 +285,8 @@ async def claim(
 def _claim_of(photo_id: uuid.UUID, row: Any) -> Claim:
     base = Claim("already", row["original_key"], state=row["processing_state"],
                  last_entry=row["stream_entry"], error_code=row["error_code"],
-                 last_error=row["last_error"], photo_id=photo_id)  # fmt: skip
+                 last_error=row["last_error"], photo_id=photo_id,
+                 history_row=row["attempt_row"])  # fmt: skip
     if row["finished"]:
         return base
     if row["over_cap"]:  # the job is taken all the same: only its owner records a failure
