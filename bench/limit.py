@@ -6,10 +6,11 @@ The bare loop decodes once (shrink-on-load to the largest rendition), cascades t
 renditions with the same save options, on one thread per core with one libvips thread each,
 and does nothing else: no facts, no placeholders, no checks. darkroom is one real
 `darkroom run --drain` worker against a dedicated redis-server and database (capacity.py's
-rig). On the large JPEGs, sharp (bench/sharp/render.mjs, node) makes the same four renditions
-the idiomatic sharp way with its own defaults; without node or npm that column is n/a. All run
-side by side in one process run, on the same files, so the ratios are what counts on a shared
-machine. `PYTHONPATH=<old checkout>/src` measures an older darkroom the same way.
+rig, in a database of its own, `darkroom_limit`). On the large JPEGs, sharp
+(bench/sharp/render.mjs, node) makes the same four renditions the idiomatic sharp way with its
+own defaults; without node or npm that column is n/a. All run side by side in one process
+run, on the same files, so the ratios are what counts on a shared machine.
+`PYTHONPATH=<old checkout>/src` measures an older darkroom the same way.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import darkroom
 
 ORDERED = sorted(SPECS, key=lambda s: s.size, reverse=True)
 SHARP = ROOT / "bench" / "sharp"
+DATABASE = "darkroom_limit"  # not capacity.py's: a capacity run beside this one would share it
 Sharp = dict[str, Any] | None  # render.mjs's JSON: per_s, rounds, in_flight, versions
 
 
@@ -140,14 +142,15 @@ def main() -> None:
     args = parser.parse_args()
     port = capacity.free_port()
     e2e.REDIS_URL = f"redis://127.0.0.1:{port}/0"
-    e2e.DATABASE_URL = f"postgresql://postgres@127.0.0.1:5432/{capacity.DATABASE}"
+    capacity.DATABASE = DATABASE  # the rig's probes read the module's name
+    e2e.DATABASE_URL = f"postgresql://postgres@127.0.0.1:5432/{DATABASE}"
     with tempfile.TemporaryDirectory(prefix="darkroom-limit-") as name:
         tmp, head = Path(name), machine()
         client = capacity.start_redis(port, tmp)
         ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1)  # after the daemon left
         try:
             subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists",
-                            capacity.DATABASE], check=True)  # fmt: skip
+                            DATABASE], check=True)  # fmt: skip
             rig = Rig(tmp)
             rig.cli("limit-setup", "migrate")
             rows, sharp = measure(tmp, rig, capacity.Probe(client))
