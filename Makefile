@@ -79,7 +79,12 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 	$(BIN)/pip install -q -e '.[test,bench]'
 	touch $@
 
-bench: $(BENCH_STAMP) services
+# sharp for bench/limit.py's comparison, exactly as locked (node >= 20); without npm the column is n/a.
+bench/sharp/node_modules: bench/sharp/package-lock.json
+	@if command -v npm >/dev/null; then cd bench/sharp && npm ci --no-audit --no-fund && touch node_modules; \
+	  else echo "npm not found: bench/limit.py reports the sharp column as n/a" >&2; fi
+
+bench: $(BENCH_STAMP) services bench/sharp/node_modules
 	@for script in $(BENCH_SCRIPTS); do \
 	  echo "== $$script" >&2; $(BIN)/python $$script --out docs/benchmarks.md || exit 1; done
 
