@@ -261,3 +261,29 @@ def test_custom_renditions_are_honoured_without_upscaling() -> None:
         assert out.ext == spec.ext
         assert_rendition(out, spec.size, (1800, 1200))
     assert (pick(result, "big", "avif").width, pick(result, "tiny", "png").width) == (1800, 64)
+
+
+def test_a_photo_smaller_than_several_boxes_is_encoded_once_per_format(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 64×48 sticker fits every box: thumb, medium and large WebP are the same pixels at
+    the same quality, so one encode gives all three (identical bytes); the JPEG is its own."""
+    from darkroom.image import pipeline
+
+    saves: list[str] = []
+    real_save = pipeline._save
+    monkeypatch.setattr(pipeline, "_save", lambda image, spec: saves.append(spec.format)
+                        or real_save(image, spec))  # fmt: skip
+    small = pyvips.Image.black(64, 48, bands=3).draw_rect([200, 40, 10], 8, 8, 20, 20, fill=True)
+    result = render(small.pngsave_buffer(), DEFAULTS, MAX_PIXELS)
+    webps = [r for r in result.renditions if r.format == "webp"]
+    assert [r.name for r in webps] == ["large", "medium", "thumb"]
+    assert {(r.width, r.height) for r in webps} == {(64, 48)}
+    assert len({r.data for r in webps}) == 1 and len({r.sha256 for r in webps}) == 1
+    assert sorted(saves) == ["jpeg", "webp"]
+    # a photo between the boxes: large and medium WebP share an encode, thumb is shrunk
+    saves.clear()
+    mid = render(pyvips.Image.black(800, 600, bands=3).pngsave_buffer(), DEFAULTS, MAX_PIXELS)
+    assert sorted(saves) == ["jpeg", "webp", "webp"]
+    assert pick(mid, "thumb", "webp").width == 320
+    assert pick(mid, "large", "webp").data == pick(mid, "medium", "webp").data

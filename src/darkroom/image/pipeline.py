@@ -365,14 +365,21 @@ def _finish(image: pyvips.Image) -> pyvips.Image:
 
 
 def _cascade(base: pyvips.Image, specs: list[RenditionSpec]) -> tuple[list[Rendered], pyvips.Image]:
-    """Every rendition, largest first, each shrunk from the one before; and the last image."""
+    """Every rendition, largest first, each shrunk from the one before; and the last image.
+    Renditions of the same pixels (a photo smaller than several boxes is never enlarged)
+    and the same format and quality are one encode: identical bytes, their own objects."""
     current, renditions = base, []
+    encoded: dict[tuple[str, int], tuple[bytes, str]] = {}  # of `current`, by format
     for spec in specs:
         if max(current.width, current.height) > spec.size:
             current = current.thumbnail_image(spec.size, height=spec.size, size="down")
             current = current.copy_memory()
-        data = _save(current, spec)
-        digest = hashlib.sha256(data).hexdigest()
+            encoded = {}
+        key = (spec.format, spec.quality)
+        if key not in encoded:
+            data = _save(current, spec)
+            encoded[key] = data, hashlib.sha256(data).hexdigest()
+        data, digest = encoded[key]
         renditions.append(Rendered(spec.name, spec.format, spec.ext, current.width,
                                    current.height, data, digest))  # fmt: skip
     return renditions, current
