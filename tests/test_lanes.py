@@ -95,9 +95,24 @@ async def test_an_interactive_render_takes_a_reserved_slot_while_bulk_holds_the_
     with anyio.move_on_after(0.2) as waited:
         await slots.acquire(interactive=False)
     assert waited.cancelled_caught, "bulk may not take the reserved slot"
-    slots.release("regular")
+    slots.release("regular", interactive=False)
     with anyio.fail_after(1):
         assert await slots.acquire(interactive=False) == "regular"
+
+
+async def test_with_no_bulk_rendering_interactive_renders_share_the_regular_slots() -> None:
+    """Interactive alone never runs more renders than regular slots (cores) at once; the
+    reserved slot opens to interactive photos as soon as bulk renders."""
+    slots = _Slots(regular=2, reserved=1)
+    assert [await slots.acquire(interactive=True) for _ in range(2)] == ["regular", "regular"]
+    with anyio.move_on_after(0.2) as waited:
+        await slots.acquire(interactive=True)
+    assert waited.cancelled_caught, "a third interactive render waits for a regular slot"
+    slots.release("regular", interactive=True)
+    with anyio.fail_after(1):
+        assert await slots.acquire(interactive=False) == "regular"  # bulk renders now
+    with anyio.fail_after(1):
+        assert await slots.acquire(interactive=True) == "reserved"
 
 
 async def test_an_upload_renders_beside_a_full_bulk_load_in_a_process_that_is_not_nicer() -> None:

@@ -183,17 +183,27 @@ REGULAR_NICE = 5
 
 @dataclass
 class _Slots:
-    """Free render slots: `regular` for any photo, `reserved` for interactive ones alone.
-    An interactive photo takes a reserved slot first, so regular ones stay bulk's."""
+    """Free render slots: `regular` for any photo, `reserved` for interactive ones alone,
+    and only while bulk renders in a regular slot. An interactive photo then takes a
+    reserved slot first, so regular ones stay bulk's. With no bulk rendering, interactive
+    photos share the regular slots and wait for one: none waits behind bulk, and a reserved
+    slot would only run more renders than cores at once (each slower, none sooner)."""
 
     regular: int
     reserved: int
+    bulk: int = 0  # regular slots held by bulk renders
     _changed: anyio.Event | None = None  # made on first wait: inside the event loop
 
+    def _kinds(self, interactive: bool) -> tuple[str, ...]:
+        if not interactive:
+            return ("regular",)
+        return ("reserved", "regular") if self.bulk else ("regular",)
+
     def _take(self, interactive: bool) -> str | None:
-        for kind in ("reserved", "regular") if interactive else ("regular",):
+        for kind in self._kinds(interactive):
             if getattr(self, kind):
                 setattr(self, kind, getattr(self, kind) - 1)
+                self.bulk += not interactive
                 return kind
         return None
 
@@ -201,10 +211,16 @@ class _Slots:
         while (kind := self._take(interactive)) is None:
             self._changed = self._changed or anyio.Event()
             await self._changed.wait()
+        if not interactive:
+            self._wake()  # an interactive photo waiting may take a reserved slot now
         return kind
 
-    def release(self, kind: str) -> None:
+    def release(self, kind: str, interactive: bool) -> None:
         setattr(self, kind, getattr(self, kind) + 1)
+        self.bulk -= not interactive
+        self._wake()
+
+    def _wake(self) -> None:
         if self._changed is not None:
             self._changed.set()
             self._changed = None
@@ -350,7 +366,7 @@ class RenderPool:
         try:
             yield kind
         finally:
-            self._free.release(kind)
+            self._free.release(kind, interactive)
 
     def _take_idle(self, kind: str) -> _Child | None:
         for i in range(len(self._idle) - 1, -1, -1):
