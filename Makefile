@@ -81,7 +81,8 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 
 # sharp for bench/limit.py's comparison, exactly as locked (node >= 20); without npm the column is n/a.
 bench/sharp/node_modules: bench/sharp/package-lock.json
-	@if command -v npm >/dev/null; then cd bench/sharp && npm ci --no-audit --no-fund && touch node_modules; \
+	@if command -v npm >/dev/null; then cd bench/sharp && { npm ci --no-audit --no-fund && touch node_modules \
+	  || echo "npm ci failed: bench/limit.py reports the sharp column as n/a" >&2; }; \
 	  else echo "npm not found: bench/limit.py reports the sharp column as n/a" >&2; fi
 
 bench: $(BENCH_STAMP) services bench/sharp/node_modules

@@ -9,7 +9,8 @@ and does nothing else: no facts, no placeholders, no checks. darkroom is one rea
 rig, in a database of its own, `darkroom_limit`). On the large JPEGs, sharp
 (bench/sharp/render.mjs, node) makes the same four renditions the idiomatic sharp way with its
 own defaults; without node or npm that column is n/a. All run side by side in one process
-run, on the same files, so the ratios are what counts on a shared machine.
+run, on the same files, in alternating rounds, so the ratios are what counts on a shared
+machine.
 `PYTHONPATH=<old checkout>/src` measures an older darkroom the same way.
 """
 
@@ -19,6 +20,7 @@ import argparse
 import ctypes
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +40,7 @@ import darkroom
 ORDERED = sorted(SPECS, key=lambda s: s.size, reverse=True)
 SHARP = ROOT / "bench" / "sharp"
 DATABASE = "darkroom_limit"  # not capacity.py's: a capacity run beside this one would share it
+Costs = dict[str, float]
 Sharp = dict[str, Any] | None  # render.mjs's JSON: per_s, rounds, in_flight, versions
 
 
@@ -57,18 +60,15 @@ def bare_render(data: bytes) -> int:
     return total
 
 
-def bare_loop(paths: list[Path], rounds: int = 2) -> float:
-    """photos/s of the bare loop on one thread per core (best of `rounds`)."""
+def bare_loop(paths: list[Path]) -> float:
+    """photos/s of the bare loop on one thread per core (after a warm-up photo)."""
     pyvips.concurrency_set(1)
     blobs = [p.read_bytes() for p in paths]
     bare_render(blobs[0])
-    best = 0.0
-    for _ in range(rounds):
-        started = time.perf_counter()
-        with ThreadPoolExecutor(CORES) as pool:
-            list(pool.map(bare_render, blobs))
-        best = max(best, len(blobs) / (time.perf_counter() - started))
-    return best
+    started = time.perf_counter()
+    with ThreadPoolExecutor(CORES) as pool:
+        list(pool.map(bare_render, blobs))
+    return len(blobs) / (time.perf_counter() - started)
 
 
 def sharp_ready() -> bool:
@@ -97,31 +97,70 @@ def sharp_loop(paths: list[Path]) -> Sharp:
     return dict(json.loads(result.stdout))
 
 
-def darkroom_e2e(rig: Rig, probe: capacity.Probe, paths: list[Path], name: str) -> float:
+def darkroom_e2e(rig: Rig, probe: capacity.Probe, paths: list[Path], name: str) -> Costs:
+    """photos/s (first to last publish) and what each photo cost the worker's processes,
+    PostgreSQL and Redis over the whole drain."""
     capacity.produce(rig, probe, name, paths)
-    return float(capacity.consume(rig, probe, name, len(paths))["per_s"])
+    used, n = capacity.consume(rig, probe, name, len(paths)), len(paths)
+    # commands run inside a script are counted by Redis beside the script's own call
+    sent = [v for k, v in used["cmd"].items() if k not in capacity.SCRIPTED]
+    redis_calls, redis_us = sum(c for c, _ in sent), sum(u for _, u in sent)
+    return {"per_s": float(used["per_s"]), "cpu_ms": used["worker_cpu_s"] * 1000 / n,
+            "pg_ms": used["pg_cpu_s"] * 1000 / n, "xacts": used["pg"]["xact_commit"] / n,
+            "redis_calls": redis_calls / n, "redis_us": redis_us / n}  # fmt: skip
 
 
-def measure(tmp: Path, rig: Rig, probe: capacity.Probe) -> tuple[list[str], Sharp]:
-    rows, sharp = [], None
+def cost_row(name: str, rounds: list[Costs]) -> str:
+    def m(key: str) -> float:
+        return _median([r[key] for r in rounds])
+
+    return (f"| {name} | {m('cpu_ms'):.1f} | {m('pg_ms'):.2f} | {m('xacts'):.1f} | "
+            f"{m('redis_calls'):.1f} | {m('redis_us'):.0f} |")  # fmt: skip
+
+
+# Rounds per workload, each darkroom then the bare loop (then sharp) back to back: this
+# machine's speed drifts by a third within minutes, so each ratio is of one round's pair,
+# and the report gives the medians.
+ROUNDS = 5
+
+
+def measure(tmp: Path, rig: Rig, probe: capacity.Probe) -> tuple[list[str], list[str], Sharp]:
+    rows, costs, sharp = [], [], None
     workloads = (("24 large camera JPEGs (8–12 MP)", large_jpegs()),
                  ("300 tiny PNGs (64×48)", tiny_pngs(tmp / "tiny", 300)))  # fmt: skip
     for i, (name, paths) in enumerate(workloads):
         print(f"  {name}", file=sys.stderr)
-        e2e_per_s = darkroom_e2e(rig, probe, paths, f"limit-{i}")
-        limit = bare_loop(paths)
-        if i == 0:  # sharp on the large JPEGs only, right after darkroom and the bare loop
-            sharp = sharp_loop(paths)
-        against = sharp_cells(e2e_per_s, sharp) if i == 0 else "– | –"
-        rows.append(f"| {name} | {e2e_per_s:.2f} | {limit:.2f} | **{e2e_per_s / limit:.2f}×** "
-                    f"| {against} |")  # fmt: skip
-    return rows, sharp
+        drains: list[Costs] = []
+        limit, sharps = [], []
+        for r in range(ROUNDS):
+            drains.append(darkroom_e2e(rig, probe, paths, f"limit-{i}-{r}"))
+            limit.append(bare_loop(paths))
+            if i == 0:  # sharp on the large JPEGs only, right after darkroom and the loop
+                sharp = sharp_loop(paths)
+                sharps.append(sharp)
+        darkroom = [d["per_s"] for d in drains]
+        costs.append(cost_row(name, drains))
+        ratios = [d / b for d, b in zip(darkroom, limit, strict=True)]
+        against = sharp_cells(darkroom, sharps) if i == 0 else "– | –"
+        rows.append(f"| {name} | {_median(darkroom):.2f} | {_median(limit):.2f} | "
+                    f"**{_median(ratios):.2f}×** ({_spread(ratios)}) | {against} |")  # fmt: skip
+    return rows, costs, sharp
 
 
-def sharp_cells(e2e_per_s: float, sharp: Sharp) -> str:
-    if sharp is None:
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def _spread(ratios: list[float]) -> str:
+    return "–".join(f"{r:.2f}" for r in sorted(ratios))
+
+
+def sharp_cells(darkroom: list[float], sharps: list[Sharp]) -> str:
+    if any(s is None for s in sharps):
         return "n/a | n/a"
-    return f"{sharp['per_s']:.2f} | **{e2e_per_s / sharp['per_s']:.2f}×**"
+    per_s = [float(s["per_s"]) for s in sharps if s is not None]
+    ratios = [d / s for d, s in zip(darkroom, per_s, strict=True)]
+    return f"{_median(per_s):.2f} | **{_median(ratios):.2f}×** ({_spread(ratios)})"
 
 
 def sharp_line(sharp: Sharp) -> str:
@@ -153,7 +192,7 @@ def main() -> None:
                             DATABASE], check=True)  # fmt: skip
             rig = Rig(tmp)
             rig.cli("limit-setup", "migrate")
-            rows, sharp = measure(tmp, rig, capacity.Probe(client))
+            rows, costs, sharp = measure(tmp, rig, capacity.Probe(client))
         finally:
             client.shutdown(nosave=True)
     source = Path(darkroom.__file__).resolve().parents[1]
@@ -164,11 +203,22 @@ def main() -> None:
         "- one `darkroom run --drain` worker (default settings, concurrency = cores), "
         "a dedicated redis-server and database, local-folder storage; the bare loop decodes "
         f"once and encodes the same renditions with the same options on {CORES} threads, "
-        "one libvips thread each", sharp_line(sharp), "",
+        "one libvips thread each", sharp_line(sharp),
+        f"- {ROUNDS} rounds per workload, each darkroom, then the bare loop (then sharp), back "
+        "to back; photos/s are the medians, each ratio the median of the rounds' own ratios "
+        "(all of them in brackets)", "",
         "| workload | darkroom end to end (photos/s) | bare pyvips loop (photos/s) | "
         "darkroom ÷ limit | sharp, its defaults (photos/s) | darkroom ÷ sharp |",
         "|---|---:|---:|---:|---:|---:|",
         *rows, "",
+        "What each photo cost over the whole drain (start-up and final sweep included; "
+        "medians of the rounds): CPU of the worker process and its render processes, of "
+        "its PostgreSQL backends, transactions committed, Redis commands and Redis server "
+        "time.", "",
+        "| workload | worker + render CPU (ms) | PostgreSQL CPU (ms) | PostgreSQL "
+        "transactions | Redis commands | Redis server (µs) |",
+        "|---|---:|---:|---:|---:|---:|",
+        *costs, "",
     ])  # fmt: skip
     print(body)
     if args.out:

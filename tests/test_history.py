@@ -124,3 +124,25 @@ async def test_search_filters_by_since(pool: db.Pool) -> None:
     later = datetime.now(UTC).replace(year=datetime.now(UTC).year + 1)
     assert await history.search(pool, None, later, None, 10) == []
     assert len(await history.search(pool, None, None, None, 10)) == 1
+
+
+async def test_the_claim_writes_the_running_row_once_per_delivery(pool: db.Pool) -> None:
+    """The claim inserts its delivery's `running` row in its own statement. A second claim
+    by the same process for the same entry (its first reply was lost) gets that row back,
+    no second one; a claim that finds the job held, or with the history off, writes none."""
+    photo_id = uuid.uuid4()
+    await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
+    lease = db.Lease("A", 60_000, 5)
+    first = await db.claim(pool, photo_id, "1-0", "w1", lease, "bulk")
+    again = await db.claim(pool, photo_id, "1-0", "w1", lease, "bulk")
+    assert first.outcome == again.outcome == "claimed"
+    assert first.history_row is not None and again.history_row == first.history_row
+    busy = await db.claim(pool, photo_id, "2-0", "w2", db.Lease("B", 60_000, 5), "bulk")
+    assert busy.outcome == "busy" and busy.history_row is None
+    rows = await history.timeline(pool, photo_id)
+    assert [(a["consumer"], a["lane"], a["outcome"]) for a in rows] == [("w1", "bulk", "running")]
+    other = uuid.uuid4()
+    await db.insert_photo(pool, other, f"originals/{other}/x.jpg")
+    quiet = await db.claim(pool, other, "3-0", "w1", lease, None)
+    assert quiet.outcome == "claimed" and quiet.history_row is None
+    assert await history.timeline(pool, other) == []

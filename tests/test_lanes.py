@@ -100,19 +100,22 @@ async def test_an_interactive_render_takes_a_reserved_slot_while_bulk_holds_the_
         assert await slots.acquire(interactive=False) == "regular"
 
 
-async def test_with_no_bulk_rendering_interactive_renders_share_the_regular_slots() -> None:
-    """Interactive alone never runs more renders than regular slots (cores) at once; the
-    reserved slot opens to interactive photos as soon as bulk renders."""
+async def test_with_no_bulk_rendering_interactive_renders_no_more_at_once_than_cores() -> None:
+    """Interactive alone renders at most `regular` photos at once, the first on the reserved
+    slot; once bulk renders, interactive may use the reserved slot and every free one."""
     slots = _Slots(regular=2, reserved=1)
-    assert [await slots.acquire(interactive=True) for _ in range(2)] == ["regular", "regular"]
+    assert [await slots.acquire(interactive=True) for _ in range(2)] == ["reserved", "regular"]
     with anyio.move_on_after(0.2) as waited:
         await slots.acquire(interactive=True)
-    assert waited.cancelled_caught, "a third interactive render waits for a regular slot"
-    slots.release("regular", interactive=True)
+    assert waited.cancelled_caught, "a third interactive render waits: two cores, two renders"
     with anyio.fail_after(1):
         assert await slots.acquire(interactive=False) == "regular"  # bulk renders now
+    slots.release("reserved", interactive=True)
     with anyio.fail_after(1):
         assert await slots.acquire(interactive=True) == "reserved"
+        slots.release("regular", interactive=True)
+        assert await slots.acquire(interactive=True) == "regular"
+    assert (slots.interactive, slots.bulk) == (2, 1)
 
 
 async def test_an_upload_renders_beside_a_full_bulk_load_in_a_process_that_is_not_nicer() -> None:

@@ -252,6 +252,17 @@ def test_a_large_original_is_streamed_not_loaded_whole(file_env: Env) -> None:
     assert received == size and grown_mb < 32, f"peak memory grew {grown_mb:.0f} MB"
 
 
+async def test_a_photo_page_leaves_no_setting_on_its_pooled_connection(database_url: str) -> None:
+    """page_photos plans for its own values with a transaction-local setting: the pooled
+    connection (given back without a reset statement) serves the next query as it was."""
+    pool = await db.connect(database_url, 1)
+    try:
+        await db.page_photos(pool, "processed", None, 10)
+        assert await pool.fetchval("SHOW plan_cache_mode") == "auto"
+    finally:
+        await pool.close()
+
+
 @pytest.fixture(params=["file", "s3"])
 async def store(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -183,27 +183,34 @@ REGULAR_NICE = 5
 
 @dataclass
 class _Slots:
-    """Free render slots: `regular` for any photo, `reserved` for interactive ones alone,
-    and only while bulk renders in a regular slot. An interactive photo then takes a
-    reserved slot first, so regular ones stay bulk's. With no bulk rendering, interactive
-    photos share the regular slots and wait for one: none waits behind bulk, and a reserved
-    slot would only run more renders than cores at once (each slower, none sooner)."""
+    """Free render slots: `regular` for any photo, `reserved` for interactive ones alone.
+    An interactive photo takes a reserved slot first (its process is not the nicer one), so
+    regular ones stay bulk's. While no bulk renders, interactive photos render at most as
+    many at once as there are regular slots (cores): more would each be slower, none
+    sooner, and none of them waits behind bulk."""
 
     regular: int
     reserved: int
     bulk: int = 0  # regular slots held by bulk renders
+    interactive: int = 0  # slots of either kind held by interactive renders
     _changed: anyio.Event | None = None  # made on first wait: inside the event loop
+
+    def __post_init__(self) -> None:
+        self.regular_total = self.regular
 
     def _kinds(self, interactive: bool) -> tuple[str, ...]:
         if not interactive:
             return ("regular",)
-        return ("reserved", "regular") if self.bulk else ("regular",)
+        if not self.bulk and self.interactive >= self.regular_total:
+            return ()
+        return ("reserved", "regular")
 
     def _take(self, interactive: bool) -> str | None:
         for kind in self._kinds(interactive):
             if getattr(self, kind):
                 setattr(self, kind, getattr(self, kind) - 1)
                 self.bulk += not interactive
+                self.interactive += interactive
                 return kind
         return None
 
@@ -218,6 +225,7 @@ class _Slots:
     def release(self, kind: str, interactive: bool) -> None:
         setattr(self, kind, getattr(self, kind) + 1)
         self.bulk -= not interactive
+        self.interactive -= interactive
         self._wake()
 
     def _wake(self) -> None:
@@ -424,7 +432,13 @@ class RenderPool:
             theirs.close()  # before the wait: a child that dies is then an EOF here
         self.started += 1
         child = _Child(process, ours, kind=kind)
-        if not await anyio.to_thread.run_sync(child.ready, limiter=self._threads):
+        try:
+            ready = await anyio.to_thread.run_sync(child.ready, limiter=self._threads)
+        except BaseException:  # cancelled while it started: not left running
+            ours.close()
+            await self._reap(child, "closed", timeout_s=0)
+            raise
+        if not ready:
             ours.close()
             await self._reap(child, "crashed", timeout_s=0)
             raise RenderCrashedError(f"render process did not start (exit {process.exitcode})")

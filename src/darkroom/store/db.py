@@ -231,16 +231,23 @@ WITH p AS (
     FROM p WHERE photos.id = p.id AND NOT p.rerender AND EXISTS (SELECT 1 FROM job)
 ), attempt_row AS (
     -- the delivery's `running` history row, in the claim's own commit ($7: its lane;
-    -- NULL with DARKROOM_HISTORY=false)
+    -- NULL with DARKROOM_HISTORY=false). A claim by the job's own holder (its first reply
+    -- was lost) has its row already: no second one, which would stay `running` for good.
     INSERT INTO photo_attempts (photo_id, entry_id, consumer, lane)
-    SELECT $1, $2, $3, $7 FROM job WHERE $7::text IS NOT NULL
+    SELECT $1, $2, $3, $7 FROM job
+    WHERE $7::text IS NOT NULL AND NOT (SELECT own FROM next)
     RETURNING id
+), own_row AS (
+    SELECT a.id FROM photo_attempts a
+    WHERE a.photo_id = $1 AND a.entry_id = $2 AND a.consumer = $3 AND a.outcome = 'running'
+      AND $7::text IS NOT NULL AND (SELECT own FROM next) AND EXISTS (SELECT 1 FROM job)
+    ORDER BY a.id DESC LIMIT 1
 )
 SELECT p.original_key, p.finished, p.processing_state, job.run_attempt,
        next.attempt - next.run_offset AS next_attempt, next.own,
        NOT next.own AND next.attempt - next.run_offset > $6 AS over_cap, prior.held,
        prior.stream_entry, prior.consumer, prior.error_code, prior.last_error,
-       (SELECT id FROM attempt_row) AS attempt_row
+       coalesce((SELECT id FROM attempt_row), (SELECT id FROM own_row)) AS attempt_row
 FROM p LEFT JOIN job ON true LEFT JOIN prior ON true LEFT JOIN next ON true
 """
 
@@ -905,11 +912,12 @@ async def page_photos(
     before: Cursor | None = None,
 ) -> list[dict[str, Any]]:
     sql = page_photos_sql(state, code is not None)
-    async with pool.acquire() as conn:
+    async with pool.acquire() as conn, conn.transaction(readonly=True):
         # A plan for these very values: a generic plan (which the plan cache may settle on
         # after five runs) cannot see the cursor, and may filter photos_updated_idx for a
-        # rare state, reading every photo. Undone by the pool's RESET ALL on release.
-        await conn.execute("SET plan_cache_mode = force_custom_plan")
+        # rare state, reading every photo. LOCAL: it ends with this transaction (a pooled
+        # connection is given back without a reset).
+        await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
         rows = await conn.fetch(sql, limit, *(before or NEWEST), *([code] if code else []))
     return [dict(row) for row in rows]
 
