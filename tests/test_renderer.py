@@ -76,11 +76,25 @@ async def test_a_process_over_its_rss_bound_is_replaced() -> None:
         assert renderer.retired["rss"] == 1 and gone(first)
 
 
-async def test_a_process_whose_address_space_neared_its_limit_is_replaced() -> None:
+async def test_a_process_whose_address_space_neared_its_limit_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """VmPeak never goes down: once a photo took a process within the margin of its limit,
     the next photo's failed allocation could pass for a corrupt image, so it is retired
     and the next photo starts in a fresh process."""
-    async with pool(memory_mb=250) as renderer:  # a render process peaks near 200 MB
+    peaks: list[int] = []
+    seen = RenderPool._retirement
+
+    def spy(self: RenderPool, child: Any, value: Any, rss_mb: int, peak_mb: int) -> str | None:
+        peaks.append(peak_mb)
+        return seen(self, child, value, rss_mb, peak_mb)
+
+    monkeypatch.setattr(RenderPool, "_retirement", spy)
+    async with pool(memory_mb=2048) as renderer:  # this machine's address-space peak
+        await renderer.render(SMALL, DEFAULTS)
+        assert renderer.retired["address_space"] == 0
+    # a limit 32 MB above that peak: the photo fits, and its peak is within the margin
+    async with pool(memory_mb=peaks[0] + 32) as renderer:
         [first] = renderer.pids()
         await renderer.render(SMALL, DEFAULTS)
         assert renderer.retired["address_space"] == 1 and gone(first)
