@@ -235,3 +235,31 @@ async def test_a_blocking_read_picks_up_an_interactive_entry_as_it_arrives(
         with anyio.fail_after(2):
             entries = await worker._read_new(drain=False)
     assert [e.lane for e in entries] == ["interactive"]
+
+
+async def test_an_idle_bulk_lane_is_looked_at_every_eighth_turn_not_every_turn(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under sustained interactive load with no bulk work, the bulk backlog check (one round
+    trip) runs on one intake turn in BULK_LOOK_EVERY; a backlog that appears meanwhile
+    gets its floor at the next check."""
+    from darkroom import worker as worker_module
+
+    looks = 0
+    undelivered = Streams.undelivered
+
+    async def counted(self: Streams) -> int:
+        nonlocal looks
+        looks += 1
+        return await undelivered(self)
+
+    monkeypatch.setattr(Streams, "undelivered", counted)
+    every = worker_module.BULK_LOOK_EVERY
+    await _backlog(worker.streams, "interactive", 6 * (every + 2))
+    for _ in range(every):
+        assert [e.lane for e in await worker._read_new(drain=False)] == ["interactive"] * 6
+    assert looks == 1
+    await _backlog(worker.streams, "bulk", 5)
+    entries = await worker._read_new(drain=False)
+    assert looks == 2
+    assert sorted(e.lane for e in entries) == ["bulk"] + ["interactive"] * 5

@@ -46,6 +46,11 @@ RELAY_FLUSH_S = 5.0
 REFILL_BLOCK_MS = 100
 REPEAT_LOG_EVERY_S = 10.0
 DRAIN_SWEEP_TRIES = 3
+# Below its floor, the bulk lane's backlog is looked at (one script, one round trip) on
+# every intake turn while it has work waiting, and on every 8th while it has none: an idle
+# bulk lane no longer costs a round trip per photo, and a backlog that appears gets its
+# floor at most 8 turns later (a turn is about one photo's worth of intake).
+BULK_LOOK_EVERY = 8
 
 
 @dataclass
@@ -63,6 +68,7 @@ class Worker:
     _drain_sweep_failures: int = 0
     # The bulk lane filled the last read it was offered: it has work waiting (its floor holds).
     _bulk_waiting: bool = False
+    _bulk_turns: int = 0  # intake turns below bulk's floor (BULK_LOOK_EVERY)
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -184,7 +190,7 @@ class Worker:
         at once; only when both came back empty, one read blocking on both (an interactive
         entry is picked up as it arrives). Below its floor, bulk's backlog is looked at
         first: the floor keeps places only while bulk has work waiting."""
-        if self.in_flight.held("bulk") < self.places.floor:
+        if self.in_flight.held("bulk") < self.places.floor and self._look_at_bulk():
             self._bulk_waiting = await self.streams.for_lane("bulk").undelivered() > 0
         interactive = await self._read_lane("interactive", self._room("interactive"))
         bulk = await self._read_lane("bulk", self._room("bulk", len(interactive)))
@@ -193,6 +199,11 @@ class Worker:
         lanes = admission.blocking_reads(self.places, *self._held()).lanes()
         block_ms = REFILL_BLOCK_MS if self._bulk_waiting else self._block_ms(drain)
         return await self.streams.read_lanes(lanes, block_ms) if lanes else []
+
+    def _look_at_bulk(self) -> bool:
+        due = self._bulk_waiting or self._bulk_turns % BULK_LOOK_EVERY == 0
+        self._bulk_turns += 1
+        return due
 
     async def _read_lane(self, lane: str, count: int) -> list[Entry]:
         if not count:
