@@ -15,7 +15,7 @@ import anyio
 import asyncpg
 
 from darkroom import errors
-from darkroom.store.db import ERRORS, translated
+from darkroom.store.db import ERRORS, Pool, translated
 
 INTAKE_CHANNEL = "darkroom_intake"
 FEEDER_LOCK = "darkroom:feeder"
@@ -36,13 +36,16 @@ ORDER BY created_at, id
 LIMIT $2
 """
 
-# A bulk photo to feed is unfinished, or processed with a re-render requested (the same
-# predicate in every bulk query and in the partial indexes, so the planner uses them).
+# A bulk photo to feed is unfinished, or processed with a re-render requested: this one
+# predicate in every bulk query, the same as the partial indexes' (schema.sql, issue 14.5),
+# so the planner uses them.
+FEEDABLE = """(processing_state IN ('uploaded', 'processing')
+       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))"""
+
 # One tenant's oldest bulk photos still to feed. photos_bulk_backlog_idx.
-BACKLOG_SQL = """
+BACKLOG_SQL = f"""
 SELECT id, tenant, cost FROM photos
-WHERE enqueued_at IS NULL AND lane = 'bulk' AND (processing_state IN ('uploaded', 'processing')
-       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
+WHERE enqueued_at IS NULL AND lane = 'bulk' AND {FEEDABLE}
   AND tenant = $1
 ORDER BY created_at, id
 LIMIT $2
@@ -50,19 +53,17 @@ LIMIT $2
 
 # The tenants with a bulk backlog after $1 (NULL: from the first), in order: a skip scan
 # (one index probe per tenant) of photos_bulk_backlog_idx, never a read of every waiting photo.
-TENANTS_SQL = """
+TENANTS_SQL = f"""
 WITH RECURSIVE t(tenant) AS (
     (SELECT tenant FROM photos
      WHERE enqueued_at IS NULL AND lane = 'bulk'
-       AND (processing_state IN ('uploaded', 'processing')
-       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
+       AND {FEEDABLE}
        AND ($1::text IS NULL OR tenant > $1)
      ORDER BY tenant LIMIT 1)
     UNION ALL
     SELECT (SELECT p.tenant FROM photos p
             WHERE p.enqueued_at IS NULL AND p.lane = 'bulk'
-              AND (p.processing_state IN ('uploaded', 'processing')
-                   OR (p.processing_state = 'processed' AND p.rerender_requested_at IS NOT NULL))
+              AND {FEEDABLE}
               AND p.tenant > t.tenant
             ORDER BY p.tenant LIMIT 1)
     FROM t WHERE t.tenant IS NOT NULL
@@ -71,37 +72,34 @@ SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT $2
 """
 
 # The tenants of notified rows that wait in the bulk backlog (primary key lookups).
-NOTIFIED_SQL = """
+NOTIFIED_SQL = f"""
 SELECT DISTINCT tenant FROM photos
 WHERE id = ANY($1::uuid[]) AND enqueued_at IS NULL AND lane = 'bulk'
-  AND (processing_state IN ('uploaded', 'processing')
-       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
+  AND {FEEDABLE}
 """
 
 # Bulk photos enqueued and not finished, by tenant. photos_bulk_in_flight_idx.
-IN_FLIGHT_SQL = """
+IN_FLIGHT_SQL = f"""
 SELECT tenant, count(*)::int AS n FROM photos
-WHERE enqueued_at IS NOT NULL AND lane = 'bulk' AND (processing_state IN ('uploaded', 'processing')
-       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
+WHERE enqueued_at IS NOT NULL AND lane = 'bulk' AND {FEEDABLE}
 GROUP BY tenant
 """
 
 
-# Before the XADD: the job row exists, so a worker that reads the entry at once finds it to
-# lock (a claim racing the insert of the job row by record_requeued answers `busy`, and
-# the entry would wait DARKROOM_CLAIM_IDLE_MS).
 # Anything the feeder has still to feed ($1: the intake of interactive rows is on). The
 # drain's last check; each EXISTS is one probe of its partial index.
-UNFED_SQL = """
+UNFED_SQL = f"""
 SELECT EXISTS (SELECT 1 FROM photos
                WHERE enqueued_at IS NULL AND lane = 'bulk'
-                 AND (processing_state IN ('uploaded', 'processing')
-                  OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL)))
+                 AND {FEEDABLE})
     OR ($1 AND EXISTS (SELECT 1 FROM photos
                        WHERE enqueued_at IS NULL AND lane = 'interactive'
                          AND processing_state IN ('uploaded', 'processing')))
 """
 
+# Before the XADD: the job row exists, so a worker that reads the entry at once finds it to
+# lock (a claim racing the insert of the job row by record_requeued answers `busy`, and
+# the entry would wait DARKROOM_CLAIM_IDLE_MS).
 PREPARE_JOBS_SQL = """
 INSERT INTO photo_jobs (photo_id, type, state)
 SELECT id, 'process', 'pending' FROM unnest($1::uuid[]) AS t(id)
@@ -136,7 +134,7 @@ async def in_flight(conn: Connection) -> dict[str, int]:
 
 
 @translated
-async def has_unfed(pool: Any, interactive: bool) -> bool:
+async def has_unfed(pool: Pool, interactive: bool) -> bool:
     """Whether a photo still waits for the feeder (interactive rows only if `interactive`)."""
     return bool(await pool.fetchval(UNFED_SQL, interactive))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 
 from darkroom.store.db import Connection, Pool, translated
-from darkroom.store.intake import INTAKE_CHANNEL
+from darkroom.store.intake import FEEDABLE, INTAKE_CHANNEL
 
 # A new photo; an interactive one counts as enqueued now (its producer XADDs it next, and
 # the feeder must not), a bulk one is the feeder's at once: schema.sql's photos_intake_notify
@@ -28,8 +28,7 @@ VALUES ($1, $2, $3, $4, $5, CASE WHEN $3 = 'interactive' THEN now() END)
 TO_FEEDER_SQL = f"""
 WITH photo AS (
     UPDATE photos SET lane = 'bulk', enqueued_at = NULL, last_activity_at = now()
-    WHERE id = $1 AND (processing_state IN ('uploaded', 'processing')
-                       OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
+    WHERE id = $1 AND {FEEDABLE}
     RETURNING id
 )
 SELECT id, pg_notify('{INTAKE_CHANNEL}', id::text) FROM photo
