@@ -5,8 +5,8 @@
 slot, forked from a forkserver that has already imported libvips, rendering one photo at a
 time. Like a prefork pool (Celery's max_tasks_per_child / max_memory_per_child, gunicorn's
 max_requests), a process is retired after `renders_per_process` photos or when its resident
-memory after a photo passes `max_rss_mb`; it is killed at once on a timeout, a cancelled
-render, a crash or an out-of-memory failure. So `timeout`, `out_of_memory` and
+memory after a photo, freed memory returned, passes `max_rss_mb`; it is killed at once on a
+timeout, a cancelled render, a crash or an out-of-memory failure. So `timeout`, `out_of_memory` and
 `render_crashed` still cost only their photo, each process keeps its address-space limit,
 and memory cannot creep: every process is young and bounded.
 """
@@ -49,6 +49,10 @@ _CLOSE_WAIT_S = 5.0
 # set: the pool hands it no photo, and counts it warm, before that.
 _READY = "ready"
 _READY_WAIT_S = 30.0
+# A render process with no photo for this long returns its freed memory to the system. Not
+# after every photo: under load the next photo reuses the freed heap, and giving it back
+# each time cost a 12 MP JPEG ~6,000 page faults and ~7 % more CPU (docs/performance.md).
+IDLE_TRIM_S = 0.5
 _LIBC = ctypes.CDLL(None)
 _context: Any = None
 _START_LOCK = threading.Lock()
@@ -96,7 +100,9 @@ def vips_threads_for(slots: int) -> int:
 # -- the render process -----------------------------------------------------------------------
 
 
-def _serve(conn: Connection, memory_mb: int, vips_threads: int, nice: int = 0) -> None:
+def _serve(
+    conn: Connection, memory_mb: int, max_rss_mb: int, vips_threads: int, nice: int = 0
+) -> None:
     """Render requests one at a time until the pool closes the pipe (EOF) or memory ran out."""
     # Ctrl-C reaches the whole process group; only the worker decides when a render stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -110,12 +116,14 @@ def _serve(conn: Connection, memory_mb: int, vips_threads: int, nice: int = 0) -
     with conn:
         conn.send(_READY)
         while True:
+            if not conn.poll(IDLE_TRIM_S):
+                _LIBC.malloc_trim(0)  # idle: freed memory goes back to the system
             reply = _serve_one(conn, memory_mb)
             if reply is None:
                 return
             # measured once the photo's locals are gone; VmPeak never goes down, so the
             # pool retires a process whose peak neared the limit (see _retirement)
-            conn.send((*reply, _rss_mb(), _status_mb("VmPeak")))
+            conn.send((*reply, _rss_mb(max_rss_mb), _status_mb("VmPeak")))
             if isinstance(reply[1], RenderOutOfMemoryError):
                 return  # the pipe may be out of step after a failed allocation: retire
 
@@ -168,8 +176,12 @@ def _status_mb(field: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
-def _rss_mb() -> int:
-    """Resident memory once this photo's pixels are freed and returned to the system."""
+def _rss_mb(bound_mb: int) -> int:
+    """Resident memory once this photo's pixels are freed; over `bound_mb`, once the freed
+    memory is returned to the system too (what stays then is what the process holds)."""
+    rss = _status_mb("VmRSS")
+    if rss <= bound_mb:
+        return rss
     _LIBC.malloc_trim(0)
     return _status_mb("VmRSS")
 
@@ -424,7 +436,7 @@ class RenderPool:
     async def _spawn(self, kind: str = "regular") -> _Child:
         ctx = _forkserver()
         ours, theirs = ctx.Pipe(duplex=True)
-        args = (theirs, self.memory_mb, self.vips_threads, self._nice[kind])
+        args = (theirs, self.memory_mb, self.max_rss_mb, self.vips_threads, self._nice[kind])
         process = ctx.Process(target=_serve, args=args, daemon=True)
         try:
             await anyio.to_thread.run_sync(_start, process, limiter=self._threads)
