@@ -96,6 +96,17 @@ async def test_an_idle_process_gives_freed_memory_back_a_busy_one_keeps_it() -> 
     assert busy >= idle + 20, (busy, idle)  # this machine: 104 MB right after, 57 MB idle
 
 
+async def test_keep_mb_0_returns_freed_memory_after_every_photo() -> None:
+    """DARKROOM_RENDER_KEEP_MB=0: the process gives freed memory back before it answers."""
+    async with pool(keep_mb=0) as renderer:
+        [pid] = renderer.pids()
+        await renderer.render(HEIC, DEFAULTS)
+        right_after = _rss_mb(pid)
+        await anyio.sleep(IDLE_TRIM_S + 1.0)
+        idle = _rss_mb(pid)
+    assert right_after <= idle + 5, (right_after, idle)
+
+
 async def test_a_process_whose_address_space_neared_its_limit_is_replaced(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

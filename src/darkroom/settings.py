@@ -107,6 +107,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     web_token: str | None = None
     renders_per_process: int = 500
     render_max_rss_mb: int = 256
+    # Memory a render process may keep between photos under load (freed, reused by the next
+    # photo); above it, and after 0.5 s without a photo, it returns the rest. 0: every photo.
+    render_keep_mb: int = 128
     # Sent with every rendition upload: a rendition's key names its content, so it never
     # changes under its URL (see store/keys.py).
     cache_control: str = "public, max-age=31536000, immutable"
@@ -193,6 +196,7 @@ MINIMUMS: dict[str, float] = {
     "web_downloads": 1,
     "web_snapshot_s": 0.5,  # no setting turns the shared snapshot into a count per request
     "render_max_rss_mb": 64,  # a warm process is about 40 MB: each would be replaced
+    "render_keep_mb": 0,  # 0: freed memory goes back after every photo
     "history_keep_days": 1.0,  # retention deletes whole days, oldest first
     "events_maxlen": 100,  # Redis trims whole stream nodes of 100 entries
     "events_keep_days": 0.01,  # about 15 minutes: a consumer away longer replays nothing
@@ -327,6 +331,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "web_token": _token,
     "renders_per_process": _bounded("renders_per_process", int),
     "render_max_rss_mb": _bounded("render_max_rss_mb", int),
+    "render_keep_mb": _bounded("render_keep_mb", int),
     "cache_control": _header_value,
     "storage_probe_key": _probe_key,
     "web_downloads": _bounded("web_downloads", int),

@@ -49,9 +49,11 @@ _CLOSE_WAIT_S = 5.0
 # set: the pool hands it no photo, and counts it warm, before that.
 _READY = "ready"
 _READY_WAIT_S = 30.0
-# A render process with no photo for this long returns its freed memory to the system. Not
-# after every photo: under load the next photo reuses the freed heap, and giving it back
-# each time cost a 12 MP JPEG ~6,000 page faults and ~7 % more CPU (docs/performance.md).
+# A render process returns its freed memory to the system after a photo only when it holds
+# more than `keep_mb` (DARKROOM_RENDER_KEEP_MB) then, and whenever it had no photo for
+# IDLE_TRIM_S. Not after every photo: under load the next photo reuses the freed heap, and
+# giving it back each time cost a 12 MP JPEG ~6,000 page faults and ~7 % more CPU
+# (docs/architecture.md, "Freed memory returned when a render process idles").
 IDLE_TRIM_S = 0.5
 _LIBC = ctypes.CDLL(None)
 _context: Any = None
@@ -101,7 +103,7 @@ def vips_threads_for(slots: int) -> int:
 
 
 def _serve(
-    conn: Connection, memory_mb: int, max_rss_mb: int, vips_threads: int, nice: int = 0
+    conn: Connection, memory_mb: int, keep_mb: int, vips_threads: int, nice: int = 0
 ) -> None:
     """Render requests one at a time until the pool closes the pipe (EOF) or memory ran out."""
     # Ctrl-C reaches the whole process group; only the worker decides when a render stops.
@@ -123,7 +125,7 @@ def _serve(
                 return
             # measured once the photo's locals are gone; VmPeak never goes down, so the
             # pool retires a process whose peak neared the limit (see _retirement)
-            conn.send((*reply, _rss_mb(max_rss_mb), _status_mb("VmPeak")))
+            conn.send((*reply, _rss_mb(keep_mb), _status_mb("VmPeak")))
             if isinstance(reply[1], RenderOutOfMemoryError):
                 return  # the pipe may be out of step after a failed allocation: retire
 
@@ -176,11 +178,11 @@ def _status_mb(field: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
-def _rss_mb(bound_mb: int) -> int:
-    """Resident memory once this photo's pixels are freed; over `bound_mb`, once the freed
+def _rss_mb(keep_mb: int) -> int:
+    """Resident memory once this photo's pixels are freed; over `keep_mb`, once the freed
     memory is returned to the system too (what stays then is what the process holds)."""
     rss = _status_mb("VmRSS")
-    if rss <= bound_mb:
+    if rss <= keep_mb:
         return rss
     _LIBC.malloc_trim(0)
     return _status_mb("VmRSS")
@@ -293,6 +295,7 @@ class RenderPool:
         memory_mb: int,
         renders_per_process: int,
         max_rss_mb: int,
+        keep_mb: int = 128,
         vips_threads: int | None = None,
         reserved: int = 0,
     ) -> None:
@@ -302,6 +305,8 @@ class RenderPool:
         self.memory_mb = memory_mb
         self.renders_per_process = renders_per_process
         self.max_rss_mb = max_rss_mb
+        # kept under load; never more than the bound a process is retired over
+        self.keep_mb = min(keep_mb, max_rss_mb)
         # Sized for the regular slots: a reserved slot is idle most of the time, and bulk
         # alone must not lose threads to it (an upload's render briefly oversubscribes).
         self.vips_threads = vips_threads or vips_threads_for(slots)
@@ -323,6 +328,7 @@ class RenderPool:
             memory_mb=settings.render_memory_mb,
             renders_per_process=settings.renders_per_process,
             max_rss_mb=settings.render_max_rss_mb,
+            keep_mb=settings.render_keep_mb,
             reserved=settings.interactive_slots,
         )
 
@@ -436,7 +442,7 @@ class RenderPool:
     async def _spawn(self, kind: str = "regular") -> _Child:
         ctx = _forkserver()
         ours, theirs = ctx.Pipe(duplex=True)
-        args = (theirs, self.memory_mb, self.max_rss_mb, self.vips_threads, self._nice[kind])
+        args = (theirs, self.memory_mb, self.keep_mb, self.vips_threads, self._nice[kind])
         process = ctx.Process(target=_serve, args=args, daemon=True)
         try:
             await anyio.to_thread.run_sync(_start, process, limiter=self._threads)
