@@ -106,8 +106,9 @@ async def measure(tiny: list[bytes], creep_count: int) -> str:
         *lines, "",
         f"One render process kept for {creep_count} photos cycling through all "
         f"{len(photos)} files of `{label}` (every format, up to 12 MP), its RSS read right "
-        "after each photo: under load a process keeps the memory it freed for the next "
-        "photo, and returns it (`malloc_trim`) after 0.5 s without one:", "",
+        "after each photo: under load a process keeps up to `DARKROOM_RENDER_KEEP_MB` "
+        "(128) of the memory it freed for the next photo, and returns it (`malloc_trim`) "
+        "above that or after 0.5 s without a photo:", "",
         *rss, "",
     ])  # fmt: skip
 
