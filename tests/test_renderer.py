@@ -86,7 +86,7 @@ def _rss_mb(pid: int) -> int:
 async def test_an_idle_process_gives_freed_memory_back_a_busy_one_keeps_it() -> None:
     """Right after a photo the process keeps the memory it freed (the next photo reuses it
     without page faults); with no photo for IDLE_TRIM_S it returns it to the system."""
-    async with pool() as renderer:
+    async with pool(keep_mb=512) as renderer:  # above any photo here: only idleness trims
         [pid] = renderer.pids()
         await renderer.render(HEIC, DEFAULTS)
         busy = _rss_mb(pid)
@@ -105,6 +105,13 @@ async def test_keep_mb_0_returns_freed_memory_after_every_photo() -> None:
         await anyio.sleep(IDLE_TRIM_S + 1.0)
         idle = _rss_mb(pid)
     assert right_after <= idle + 5, (right_after, idle)
+
+
+def test_keep_mb_comes_from_the_settings_and_never_passes_max_rss_mb() -> None:
+    assert RenderPool.from_settings(Settings(render_keep_mb=64)).keep_mb == 64
+    assert RenderPool.from_settings(Settings()).keep_mb == 128
+    capped = Settings(render_keep_mb=1024, render_max_rss_mb=300)
+    assert RenderPool.from_settings(capped).keep_mb == 300
 
 
 async def test_a_process_whose_address_space_neared_its_limit_is_replaced(

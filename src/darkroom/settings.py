@@ -107,8 +107,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     web_token: str | None = None
     renders_per_process: int = 500
     render_max_rss_mb: int = 256
-    # Memory a render process may keep between photos under load (freed, reused by the next
-    # photo); above it, and after 0.5 s without a photo, it returns the rest. 0: every photo.
+    # A render process at most this resident after a photo keeps what it freed, for the next
+    # photo; above it, and after 0.5 s without a photo, it returns all freed memory to the
+    # system. 0: after every photo. Capped at render_max_rss_mb.
     render_keep_mb: int = 128
     # Sent with every rendition upload: a rendition's key names its content, so it never
     # changes under its URL (see store/keys.py).

@@ -52,8 +52,8 @@ _READY_WAIT_S = 30.0
 # A render process returns its freed memory to the system after a photo only when it holds
 # more than `keep_mb` (DARKROOM_RENDER_KEEP_MB) then, and whenever it had no photo for
 # IDLE_TRIM_S. Not after every photo: under load the next photo reuses the freed heap, and
-# giving it back each time cost a 12 MP JPEG ~6,000 page faults and ~7 % more CPU
-# (docs/architecture.md, "Freed memory returned when a render process idles").
+# giving it back each time cost a 12 MP JPEG ~6,000 page faults and ~27 ms of system time
+# (docs/architecture.md, "Freed memory kept for the next photo").
 IDLE_TRIM_S = 0.5
 _LIBC = ctypes.CDLL(None)
 _context: Any = None
@@ -128,6 +128,7 @@ def _serve(
             conn.send((*reply, _rss_mb(keep_mb), _status_mb("VmPeak")))
             if isinstance(reply[1], RenderOutOfMemoryError):
                 return  # the pipe may be out of step after a failed allocation: retire
+            del reply  # its renditions are not the next photo's memory, nor the idle trim's
 
 
 def _serve_one(conn: Connection, memory_mb: int) -> tuple[str, Any] | None:
