@@ -32,7 +32,8 @@ JPEG = (PHOTOS / "Landscape_6.jpg").read_bytes()
 
 def pool(slots: int = 1, **options: Any) -> RenderPool:
     settings = {"max_pixels": Settings().max_pixels, "timeout_s": 120.0, "memory_mb": 2048,
-                "renders_per_process": 100, "max_rss_mb": 512} | options  # fmt: skip
+                "renders_per_process": 100, "max_rss_mb": 512,
+                "keep_mb": Settings().render_keep_mb} | options  # fmt: skip
     return RenderPool(slots, **settings)
 
 
@@ -109,7 +110,6 @@ async def test_keep_mb_0_returns_freed_memory_after_every_photo() -> None:
 
 def test_keep_mb_comes_from_the_settings_and_never_passes_max_rss_mb() -> None:
     assert RenderPool.from_settings(Settings(render_keep_mb=64)).keep_mb == 64
-    assert RenderPool.from_settings(Settings()).keep_mb == 128
     capped = Settings(render_keep_mb=1024, render_max_rss_mb=300)
     assert RenderPool.from_settings(capped).keep_mb == 300
 

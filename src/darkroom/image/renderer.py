@@ -296,7 +296,7 @@ class RenderPool:
         memory_mb: int,
         renders_per_process: int,
         max_rss_mb: int,
-        keep_mb: int = 128,
+        keep_mb: int,
         vips_threads: int | None = None,
         reserved: int = 0,
     ) -> None:
