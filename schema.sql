@@ -241,23 +241,29 @@ CREATE INDEX IF NOT EXISTS photo_events_unpublished_idx ON photo_events (id)
 -- `darkroom events --since TIME` and the retention's batches
 CREATE INDEX IF NOT EXISTS photo_events_created_idx ON photo_events (created_at, id);
 -- An event's `data`, from the photo's row after the change ($2, $3: a failure's code and
--- message). A new fact column is one more name in the list of facts; lane and tenant are
--- read by name, so a database without them gives null.
+-- message). A new fact column is one more pair in `facts`. Built from the columns by name
+-- (about 25 µs a call here), not by walking to_jsonb(p) (about 150 µs): it runs inside
+-- every publishing commit. `facts` leaves out what is null; `exposure` is added apart, so
+-- the nulls inside it stay (jsonb_strip_nulls would strip them at every depth).
 CREATE OR REPLACE FUNCTION darkroom_event_data(p photos, code text, message text)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
 SELECT jsonb_build_object(
     'photo_id', p.id,
     'renditions', coalesce(p.renditions, '[]'::jsonb),
-    'facts', (SELECT coalesce(jsonb_object_agg(f.key, f.value), '{}'::jsonb)
-              FROM jsonb_each(to_jsonb(p)) f
-              WHERE f.value <> 'null'::jsonb AND f.key IN (
-                  'width', 'height', 'format', 'bytes', 'taken_at_local', 'taken_at',
-                  'camera_make', 'camera_model', 'lens_model', 'exposure', 'original_sha256',
-                  'has_alpha', 'frames', 'source_profile', 'latitude', 'longitude', 'hdr')),
+    'facts', jsonb_strip_nulls(jsonb_build_object(
+                 'width', p.width, 'height', p.height, 'format', p.format, 'bytes', p.bytes,
+                 'taken_at_local', p.taken_at_local, 'taken_at', p.taken_at,
+                 'camera_make', p.camera_make, 'camera_model', p.camera_model,
+                 'lens_model', p.lens_model, 'original_sha256', p.original_sha256,
+                 'has_alpha', p.has_alpha, 'frames', p.frames,
+                 'source_profile', p.source_profile, 'latitude', p.latitude,
+                 'longitude', p.longitude, 'hdr', p.hdr))
+             || CASE WHEN p.exposure IS NULL OR p.exposure = 'null'::jsonb THEN '{}'::jsonb
+                     ELSE jsonb_build_object('exposure', p.exposure) END,
     'thumbhash', p.thumbhash,
     'dominant_color', p.dominant_color,
-    'lane', to_jsonb(p) -> 'lane',
-    'tenant', to_jsonb(p) -> 'tenant'
+    'lane', p.lane,
+    'tenant', p.tenant
 ) || CASE WHEN code IS NULL THEN '{}'::jsonb
           ELSE jsonb_build_object('error_code', code, 'error', message) END
 $$;

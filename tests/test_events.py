@@ -138,7 +138,7 @@ async def test_a_rolled_back_publish_leaves_no_event_and_no_notification(box: Ou
             tx = conn.transaction()
             await tx.start()
             await conn.fetchrow(db.PUBLISH_SQL, photo_id, 1, 1, "jpeg", 1, "[]",
-                                *[None] * len(db.FACT_COLUMNS))  # fmt: skip
+                                *[None] * len(db.FACT_COLUMNS), *[None] * 5)  # fmt: skip
             assert await box.rows() == []  # not visible before the commit
             await tx.rollback()
         await anyio.sleep(0.3)

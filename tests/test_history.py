@@ -146,3 +146,27 @@ async def test_the_claim_writes_the_running_row_once_per_delivery(pool: db.Pool)
     quiet = await db.claim(pool, other, "3-0", "w1", lease, None)
     assert quiet.outcome == "claimed" and quiet.history_row is None
     assert await history.timeline(pool, other) == []
+
+
+async def test_the_publishing_commit_finishes_the_published_deliverys_row(pool: db.Pool) -> None:
+    """A publish given the delivery's row finishes it `published` in its own statement,
+    with the stage times and peak RSS handed to it and its own time as the publish time; a
+    publish that loses (the photo was published meanwhile) leaves its row to the worker."""
+    photo_id = uuid.uuid4()
+    await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
+    lease = db.Lease("A", 60_000, 5)
+    claim = await db.claim(pool, photo_id, "1-0", "w1", lease, "interactive")
+    row = db.AttemptRow(claim.history_row, 4.0, 120.5, 9.25, 66)
+    assert await db.publish(pool, photo_id, {"width": 4, "height": 3, "format": "jpeg",
+                                             "bytes": 10}, "[]", row) == []  # fmt: skip
+    [done] = await history.timeline(pool, photo_id)
+    assert done["outcome"] == "published" and done["ended_at"] is not None
+    assert (done["download_ms"], done["render_ms"], done["upload_ms"]) == (4.0, 120.5, 9.25)
+    assert done["peak_rss_mb"] == 66 and 0 < done["publish_ms"] < 1000
+    # a second delivery that lost the race: its row stays `running` for the worker's end
+    late = await history.start(pool, photo_id, "2-0", "w2", "interactive")
+    late_row = db.AttemptRow(late, 1.0, 1.0, 1.0, 1)
+    assert await db.publish(pool, photo_id, {"width": 4, "height": 3, "format": "jpeg",
+                                             "bytes": 10}, "[]", late_row) is None  # fmt: skip
+    stored = "SELECT outcome, ended_at IS NULL FROM photo_attempts WHERE id = $1"
+    assert tuple(await pool.fetchrow(stored, late)) == ("running", True)

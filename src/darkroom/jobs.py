@@ -225,10 +225,12 @@ class Jobs:
         facts = result.facts.row(len(original), keep_location=self.settings.keep_location)
         with self.recorder.timed(entry, "publish"):
             replaced = await db.publish(
-                self.pool, task.photo_id, facts, msgspec.json.encode(renditions).decode()
-            )
+                self.pool, task.photo_id, facts, msgspec.json.encode(renditions).decode(),
+                self.recorder.publishing(entry),
+            )  # fmt: skip
         if replaced is None:
             return "already"
+        self.recorder.published(entry)
         if "tenant" in entry.fields:  # a bulk entry (the feeder's)
             pixels = int(facts.get("width") or 0) * int(facts.get("height") or 0)
             metrics.count_tenant_done(entry.fields["tenant"], pixels, self.named_tenants)

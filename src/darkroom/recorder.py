@@ -1,6 +1,7 @@
 """Each delivery's row in the attempt history, as the worker lives it: inserted `running`
 by the claim's own statement (store/db.py), its stage timings and the render's peak RSS
-gathered meanwhile, finished by one UPDATE when it ends (store/history.py holds the SQL).
+gathered meanwhile, finished as `published` by the publishing commit itself, or by one
+UPDATE when it ends otherwise (store/history.py holds the SQL).
 The UPDATE is best effort: a failed one is logged, never the photo's failure nor more than
 one statement's delay.
 And the history's retention: batched deletes of the expired days, one worker at a time.
@@ -64,6 +65,19 @@ class Recorder:
         if row_id is not None:
             self.attempt(entry).row_id = row_id
 
+    def publishing(self, entry: Entry) -> db.AttemptRow:
+        """The delivery's row as the publishing commit finishes it (no row: nothing)."""
+        attempt = self.attempt(entry)
+        if attempt.row_id is None or not self.enabled:
+            return db.AttemptRow()
+        stages = attempt.stages_ms.get
+        return db.AttemptRow(attempt.row_id, stages("download"), stages("render"),
+                             stages("upload"), attempt.peak_rss_mb)  # fmt: skip
+
+    def published(self, entry: Entry) -> None:
+        """The publishing commit finished the row as `published`: `end` leaves it so."""
+        self.attempt(entry).ended = "published"
+
     def forget(self, entry: Entry) -> None:
         """A delivery cut short without an end (stopped before its claim was given back):
         its row, if any, stays `running` and reads as `worker_died` once its lease is gone."""
@@ -73,7 +87,7 @@ class Recorder:
         """Finish the delivery's row, or write it whole when it has none (nothing was
         claimed, or its insert failed). Once per delivery: the attempt is forgotten here."""
         attempt = self.attempts.pop(entry.id, None) or history.Attempt()
-        if not self.enabled:
+        if not self.enabled or attempt.ended == ending.outcome:
             return
         with _logged(entry):
             if attempt.row_id is not None:

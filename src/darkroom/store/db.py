@@ -344,18 +344,44 @@ WITH old AS (
            darkroom_event_data(changed, NULL, NULL)
     FROM photo
     RETURNING pg_notify('darkroom_events', darkroom_event_notice(id, photo_id, type))
+), attempt AS (
+    -- the delivery's history row ($22; NULL: none), finished as `published` in this same
+    -- commit: one statement less per photo than a separate UPDATE after it. Its publish_ms
+    -- is this statement's own time in PostgreSQL so far (the worker cannot know the
+    -- round trip before it ends).
+    UPDATE photo_attempts SET ended_at = now(), outcome = 'published',
+        download_ms = $23, render_ms = $24, upload_ms = $25, peak_rss_mb = $26,
+        publish_ms = extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000
+    WHERE id = $22 AND EXISTS (SELECT 1 FROM photo)
 )
 SELECT count(*) AS published, min(replaced::text) AS replaced FROM photo
 """
 
 
+@dataclass(frozen=True)
+class AttemptRow:
+    """A delivery's `running` history row, for the publishing commit to finish (PUBLISH_SQL's
+    `attempt`): its id (None: no row) and the stage times and peak RSS measured so far."""
+
+    row_id: int | None = None
+    download_ms: float | None = None
+    render_ms: float | None = None
+    upload_ms: float | None = None
+    peak_rss_mb: float | None = None
+
+
 @translated
 async def publish(
-    pool: Pool, photo_id: uuid.UUID, facts: dict[str, Any], renditions_json: str
+    pool: Pool,
+    photo_id: uuid.UUID,
+    facts: dict[str, Any],
+    renditions_json: str,
+    attempt: AttemptRow = AttemptRow(),
 ) -> list[str] | None:
     """Publish in one transaction, only from `processing` (or a requested re-render): the
     keys of the renditions it replaced (none on a first render), or None if another
-    delivery got there first (published it, or recorded its final failure)."""
+    delivery got there first (published it, or recorded its final failure). A published
+    photo's `attempt` row is finished in the same commit."""
     row = await pool.fetchrow(
         PUBLISH_SQL,
         photo_id,
@@ -364,6 +390,11 @@ async def publish(
         *(facts.get(k) for k in FACT_COLUMNS[:5]),
         json.dumps(facts["exposure"]) if facts.get("exposure") else None,
         *(facts.get(k) for k in FACT_COLUMNS[6:]),
+        attempt.row_id,
+        attempt.download_ms,
+        attempt.render_ms,
+        attempt.upload_ms,
+        attempt.peak_rss_mb,
     )
     if row is None or not row["published"]:
         return None
