@@ -556,7 +556,8 @@ def test_a_put_is_on_disk_before_it_returns(
 ) -> None:
     """FileStorage.put fsyncs the temporary file before renaming it into place, then the
     folder, and the parent of each folder it created: a publish that follows cannot point
-    at a rendition a power cut took back."""
+    at a rendition a power cut took back. put_many writes every temporary file, then
+    fsyncs each (one journal commit for them all), then renames them."""
     events: list[tuple[str, str]] = []
     real_fsync, real_replace = os.fsync, os.replace
 
@@ -580,12 +581,49 @@ def test_a_put_is_on_disk_before_it_returns(
     [(_, tmp)] = [e for e in events if e[0] == "fsync file"]
     assert Path(tmp).parent == target.parent and Path(tmp).name.endswith(".tmp")
     assert events == [
-        ("fsync dir", str(root)),  # made renditions/
-        ("fsync dir", str(root / "renditions")),  # made renditions/p1/
         ("fsync file", tmp),
         ("rename", str(target)),
         ("fsync dir", str(target.parent)),
+        ("fsync dir", str(root)),  # made renditions/
+        ("fsync dir", str(root / "renditions")),  # made renditions/p1/
     ]
+    events.clear()
+    uploads = [storage.Upload(f"renditions/p2/{n}.webp", n.encode(), "image/webp")
+               for n in ("a", "b")]  # fmt: skip
+    anyio.run(store.put_many, uploads)
+    assert [kind for kind, _ in events] == [
+        "fsync file",
+        "fsync file",
+        "rename",
+        "rename",
+        "fsync dir",
+        "fsync dir",
+    ]
+    assert sorted(p.name for p in (root / "renditions" / "p2").iterdir()) == ["a.webp", "b.webp"]
     events.clear()
     anyio.run(store.put, "renditions/p1/large.webp", b"more", "image/webp")
     assert [kind for kind, _ in events] == ["fsync file", "rename", "fsync dir"]
+
+
+def test_a_put_many_that_fails_midway_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that fails the second fsync: the put fails with storage_unavailable, and
+    neither a temporary file nor a rendition is left behind."""
+    real_fsync, calls = os.fsync, []
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, "I/O error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    root = tmp_path / "storage"
+    root.mkdir()
+    store = storage.FileStorage(root)
+    uploads = [storage.Upload(f"renditions/p3/{n}.webp", n.encode(), "image/webp")
+               for n in ("a", "b", "c")]  # fmt: skip
+    with pytest.raises(StorageUnavailableError):
+        anyio.run(store.put_many, uploads)
+    assert list((root / "renditions" / "p3").iterdir()) == []

@@ -117,42 +117,57 @@ def _serve(
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     with conn:
         conn.send(_READY)
+        peak_mb = _status_mb("VmPeak")
         while True:
             if not conn.poll(IDLE_TRIM_S):
                 _LIBC.malloc_trim(0)  # idle: freed memory goes back to the system
-            reply = _serve_one(conn, memory_mb)
+            reply = _serve_one(conn, memory_mb, peak_mb)
             if reply is None:
                 return
-            # measured once the photo's locals are gone; VmPeak never goes down, so the
-            # pool retires a process whose peak neared the limit (see _retirement)
-            conn.send((*reply, _rss_mb(keep_mb), _status_mb("VmPeak")))
-            if isinstance(reply[1], RenderOutOfMemoryError):
+            kind, value, memory = reply
+            # VmPeak never goes down: the pool retires a process whose peak neared the
+            # limit (see _retirement)
+            rss_mb = _kept_rss_mb(memory["VmRSS"], keep_mb)
+            conn.send((kind, value, rss_mb, memory["VmPeak"]))
+            if isinstance(value, RenderOutOfMemoryError):
                 return  # the pipe may be out of step after a failed allocation: retire
-            del reply  # its renditions are not the next photo's memory, nor the idle trim's
+            del reply, value  # not the next photo's memory, nor the idle trim's
+            peak_mb = _status_mb("VmPeak")  # the next photo's "before", its reply sent
 
 
-def _serve_one(conn: Connection, memory_mb: int) -> tuple[str, Any] | None:
+Served = tuple[str, Any, dict[str, int]]
+
+
+def _serve_one(conn: Connection, memory_mb: int, peak_before: int) -> Served | None:
+    """One photo: ("ok", result) or ("error", exc), and this process's memory once the
+    photo's pixels and original are gone (one read of /proc/self/status a photo)."""
     _reset_peak()
-    peak_before = _status_mb("VmPeak")
+    request: Any = None
+    value: Any
     try:
-        data, specs, max_pixels = conn.recv()
-        result = render(data, specs, max_pixels)
-        return "ok", msgspec.structs.replace(result, peak_rss_mb=_status_mb("VmHWM"))
+        request = conn.recv()
+        kind, value = "ok", render(*request)
     except EOFError:
         return None
-    except (MemoryError, CorruptImageError) as exc:
-        # libvips reports a failed allocation as a generic error: if this photo pushed the
-        # address space up to the limit, it is memory.
-        peak = _status_mb("VmPeak")
-        if (
-            isinstance(exc, MemoryError)
-            or _says_out_of_memory(exc)
-            or (peak > peak_before and peak >= memory_mb - _MEMORY_MARGIN_MB)
-        ):
-            return "error", RenderOutOfMemoryError(f"render needed more than {memory_mb} MB")
-        return "error", exc
-    except DarkroomError as exc:
-        return "error", exc
+    except (MemoryError, DarkroomError) as exc:
+        kind, value = "error", exc
+    request = None  # the original is not the memory this photo keeps
+    memory = _status_mbs("VmHWM", "VmRSS", "VmPeak")
+    if kind == "ok":
+        return kind, msgspec.structs.replace(value, peak_rss_mb=memory["VmHWM"]), memory
+    if _out_of_memory(value, memory["VmPeak"], peak_before, memory_mb):
+        return kind, RenderOutOfMemoryError(f"render needed more than {memory_mb} MB"), memory
+    return kind, value, memory
+
+
+def _out_of_memory(exc: Exception, peak: int, peak_before: int, memory_mb: int) -> bool:
+    """libvips reports a failed allocation as a generic error: if this photo pushed the
+    address space up to the limit, it is memory."""
+    if isinstance(exc, MemoryError):
+        return True
+    return isinstance(exc, CorruptImageError) and (
+        _says_out_of_memory(exc) or (peak > peak_before and peak >= memory_mb - _MEMORY_MARGIN_MB)
+    )
 
 
 # libvips' words for an allocation or thread start refused under RLIMIT_AS
@@ -172,19 +187,30 @@ def _reset_peak() -> None:
 
 def _status_mb(field: str) -> int:
     """One memory figure of this process from /proc/self/status (VmPeak, VmHWM...), in MB."""
+    return _status_mbs(field)[field]
+
+
+def _status_mbs(*fields: str) -> dict[str, int]:
+    """Memory figures of this process from one read of /proc/self/status, in MB (a figure
+    the kernel does not show: the peak as getrusage knows it)."""
     with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) // 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+        text = status.read()
+    found = {}
+    for name in fields:
+        at = text.find(f"\n{name}:")
+        found[name] = (
+            int(text[at:].split(maxsplit=2)[1]) // 1024
+            if at >= 0
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+        )
+    return found
 
 
-def _rss_mb(keep_mb: int) -> int:
-    """Resident memory once this photo's pixels are freed; over `keep_mb`, once the freed
+def _kept_rss_mb(rss_mb: int, keep_mb: int) -> int:
+    """Resident memory once a photo's pixels are freed; over `keep_mb`, once the freed
     memory is returned to the system too (what stays then is what the process holds)."""
-    rss = _status_mb("VmRSS")
-    if rss <= keep_mb:
-        return rss
+    if rss_mb <= keep_mb:
+        return rss_mb
     _LIBC.malloc_trim(0)
     return _status_mb("VmRSS")
 

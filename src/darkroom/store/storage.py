@@ -264,31 +264,48 @@ def _write_file(path: Path, data: bytes) -> None:
 
 def _write_files(files: list[tuple[Path, bytes]]) -> None:
     # Ordering: the bytes are on disk before the rename publishes the name, and the names
-    # are on disk (folders fsynced) before put returns, so before the publishing commit.
-    for folder in dict.fromkeys(path.parent for path, _ in files):
-        _make_folders(folder)
-    for path, data in files:
-        _replace_synced(path, data)
-    for folder in dict.fromkeys(path.parent for path, _ in files):
+    # are on disk (folders, and the parents of new folders, fsynced) before put returns, so
+    # before the publishing commit. Every temporary file is written before any is fsynced:
+    # on a journalling filesystem the first fsync then commits them all at once and the
+    # others find nothing left to do (one journal commit for a photo's files, not one each).
+    folders = list(dict.fromkeys(path.parent for path, _ in files))
+    synced = [parent for folder in folders for parent in _make_folders(folder)]
+    staged: list[tuple[BinaryIO, Path, Path]] = []
+    try:
+        for path, data in files:
+            staged.append(_staged(path, data))
+        for f, _, _ in staged:
+            os.fsync(f.fileno())
+            f.close()
+        for _, tmp, path in staged:
+            os.replace(tmp, path)
+    except OSError:
+        for f, tmp, _ in staged:
+            f.close()
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise
+    for folder in dict.fromkeys([*folders, *synced]):
         _fsync_folder(folder)
 
 
-def _replace_synced(path: Path, data: bytes) -> None:
+def _staged(path: Path, data: bytes) -> tuple[BinaryIO, Path, Path]:
+    """`data` written (not yet fsynced) to a temporary name beside `path`, still open."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    f = open(tmp, "wb")  # noqa: SIM115 - closed by the caller once fsynced
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        f.write(data)
+        f.flush()
     except OSError:
+        f.close()
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    return f, tmp, path
 
 
-def _make_folders(folder: Path) -> None:
-    """mkdir -p, fsyncing the parent of each folder it creates (a new name is an entry
+def _make_folders(folder: Path) -> list[Path]:
+    """mkdir -p; the parents of the folders it created, to fsync (a new name is an entry
     in its parent, lost in a power cut until the parent is synced)."""
     missing: list[Path] = []
     while not folder.is_dir():
@@ -297,7 +314,7 @@ def _make_folders(folder: Path) -> None:
     for new in reversed(missing):
         with contextlib.suppress(FileExistsError):  # another put made it meanwhile
             new.mkdir()
-        _fsync_folder(new.parent)
+    return [new.parent for new in reversed(missing)]
 
 
 def _fsync_folder(folder: Path) -> None:
