@@ -188,10 +188,10 @@ END $$;
 
 -- ---- issue 14: attempt history -------------------------------------------------------------
 -- One row per delivery that reached a worker (docs/history.md). A claimed delivery's row
--- is inserted `running` right after its claim and finished by one UPDATE when it ends; a
--- row still `running` after its job's lease is gone is a worker that died. A delivery
--- that claims nothing (busy, already, a bad_message entry: photo_id NULL) is one finished
--- row. No foreign key: the history outlives a deleted photo, and an insert checks nothing.
+-- is inserted `running` by its claim and finished by its publish, or by one UPDATE when it
+-- ends otherwise; a row still `running` after its job's lease is gone is a worker that
+-- died. A delivery that claims nothing (busy, already, a bad_message entry: photo_id
+-- NULL) is one finished row. No foreign key: the history outlives a deleted photo, and an insert checks nothing.
 -- Kept DARKROOM_HISTORY_KEEP_DAYS by batched deletes over photo_attempts_started_idx.
 CREATE TABLE IF NOT EXISTS photo_attempts (
     id          bigserial PRIMARY KEY,

@@ -581,22 +581,22 @@ def test_a_put_is_on_disk_before_it_returns(
     [(_, tmp)] = [e for e in events if e[0] == "fsync file"]
     assert Path(tmp).parent == target.parent and Path(tmp).name.endswith(".tmp")
     assert events == [
+        ("fsync dir", str(root)),  # made renditions/
+        ("fsync dir", str(root / "renditions")),  # made renditions/p1/
         ("fsync file", tmp),
         ("rename", str(target)),
         ("fsync dir", str(target.parent)),
-        ("fsync dir", str(root)),  # made renditions/
-        ("fsync dir", str(root / "renditions")),  # made renditions/p1/
     ]
     events.clear()
     uploads = [storage.Upload(f"renditions/p2/{n}.webp", n.encode(), "image/webp")
                for n in ("a", "b")]  # fmt: skip
     anyio.run(store.put_many, uploads)
     assert [kind for kind, _ in events] == [
+        "fsync dir",  # made renditions/p2/
         "fsync file",
         "fsync file",
         "rename",
         "rename",
-        "fsync dir",
         "fsync dir",
     ]
     assert sorted(p.name for p in (root / "renditions" / "p2").iterdir()) == ["a.webp", "b.webp"]
@@ -605,25 +605,31 @@ def test_a_put_is_on_disk_before_it_returns(
     assert [kind for kind, _ in events] == ["fsync file", "rename", "fsync dir"]
 
 
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
 def test_a_put_many_that_fails_midway_leaves_no_temporary_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    failing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A disk that fails the second fsync: the put fails with storage_unavailable, and
-    neither a temporary file nor a rendition is left behind."""
-    real_fsync, calls = os.fsync, []
+    """A disk that fails the second fsync, or the second rename: the put fails with
+    storage_unavailable, no temporary file is left and none stays open. A rename that
+    fails leaves the renditions renamed before it, unreferenced (`darkroom gc` takes
+    them); an fsync that fails leaves none."""
+    real, calls = getattr(os, failing), []
 
-    def fsync(fd: int) -> None:
-        calls.append(fd)
+    def flaky(*args: Any) -> None:
+        calls.append(args)
         if len(calls) == 2:
             raise OSError(errno.EIO, "I/O error")
-        real_fsync(fd)
+        real(*args)
 
-    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, failing, flaky)
     root = tmp_path / "storage"
-    root.mkdir()
+    (root / "renditions").mkdir(parents=True)
     store = storage.FileStorage(root)
     uploads = [storage.Upload(f"renditions/p3/{n}.webp", n.encode(), "image/webp")
                for n in ("a", "b", "c")]  # fmt: skip
+    open_before = len(os.listdir("/proc/self/fd"))
     with pytest.raises(StorageUnavailableError):
         anyio.run(store.put_many, uploads)
-    assert list((root / "renditions" / "p3").iterdir()) == []
+    left = sorted(p.name for p in (root / "renditions" / "p3").iterdir())
+    assert left == ([] if failing == "fsync" else ["a.webp"])
+    assert len(os.listdir("/proc/self/fd")) <= open_before

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import pytest
 
 from darkroom import recorder
+from darkroom.queue.messages import Entry
 from darkroom.store import db, history
 from tests.conftest import PHOTOS, Env
 
@@ -170,3 +171,28 @@ async def test_the_publishing_commit_finishes_the_published_deliverys_row(pool: 
                                              "bytes": 10}, "[]", late_row) is None  # fmt: skip
     stored = "SELECT outcome, ended_at IS NULL FROM photo_attempts WHERE id = $1"
     assert tuple(await pool.fetchrow(stored, late)) == ("running", True)
+
+
+async def test_a_published_deliverys_row_stays_published_whatever_ends_it(pool: db.Pool) -> None:
+    """Once the publish finished the row, a stop before the ack (`released`) or an ack
+    that failed does not rewrite it; a delivery whose claim had no row of its own (an
+    own re-claim whose row was finished already) gets a whole `published` row at its end."""
+    rec = recorder.Recorder(pool, "w1")
+    lease = db.Lease("A", 60_000, 5)
+    facts = {"width": 4, "height": 3, "format": "jpeg", "bytes": 10}
+    for row_of_its_own, ending in ((True, "released"), (True, "retrying"), (False, "published")):
+        photo_id = uuid.uuid4()
+        await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
+        entry = Entry("1-0", {"photo_id": str(photo_id)})
+        claim = await db.claim(pool, photo_id, entry.id, "w1", lease, "interactive")
+        rec.begun(entry, claim.history_row if row_of_its_own else None)
+        rec.attempt(entry).add("render", 12.0)
+        assert await db.publish(pool, photo_id, facts, "[]", rec.publishing(entry)) == []
+        rec.published(entry)
+        await rec.end(entry, history.Ending(ending))
+        stored = await pool.fetch(
+            "SELECT outcome, render_ms FROM photo_attempts WHERE photo_id = $1 ORDER BY id",
+            photo_id,
+        )
+        finished = [tuple(r) for r in stored if r["outcome"] != "running"]
+        assert finished == [("published", 12.0)], (row_of_its_own, ending)

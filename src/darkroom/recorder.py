@@ -75,8 +75,12 @@ class Recorder:
                              stages("upload"), attempt.peak_rss_mb)  # fmt: skip
 
     def published(self, entry: Entry) -> None:
-        """The publishing commit finished the row as `published`: `end` leaves it so."""
-        self.attempt(entry).ended = "published"
+        """The publishing commit finished the row (if it was handed one) as `published`:
+        `end` leaves it so, whatever ends the delivery after it (a stop before the ack, an
+        ack that failed): the photo was published by this delivery."""
+        attempt = self.attempt(entry)
+        if attempt.row_id is not None and self.enabled:
+            attempt.ended = "published"
 
     def forget(self, entry: Entry) -> None:
         """A delivery cut short without an end (stopped before its claim was given back):
@@ -87,7 +91,7 @@ class Recorder:
         """Finish the delivery's row, or write it whole when it has none (nothing was
         claimed, or its insert failed). Once per delivery: the attempt is forgotten here."""
         attempt = self.attempts.pop(entry.id, None) or history.Attempt()
-        if not self.enabled or attempt.ended == ending.outcome:
+        if not self.enabled or attempt.ended is not None:
             return
         with _logged(entry):
             if attempt.row_id is not None:

@@ -150,7 +150,9 @@ def _serve_one(conn: Connection, memory_mb: int, peak_before: int) -> Served | N
     except EOFError:
         return None
     except (MemoryError, DarkroomError) as exc:
-        kind, value = "error", exc
+        # without its traceback: it would hold this frame (the original, the pixels) in a
+        # cycle with `value`, freed only by the garbage collector; pickling drops it anyway
+        kind, value = "error", exc.with_traceback(None)
     request = None  # the original is not the memory this photo keeps
     memory = _status_mbs("VmHWM", "VmRSS", "VmPeak")
     if kind == "ok":

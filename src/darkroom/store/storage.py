@@ -264,12 +264,12 @@ def _write_file(path: Path, data: bytes) -> None:
 
 def _write_files(files: list[tuple[Path, bytes]]) -> None:
     # Ordering: the bytes are on disk before the rename publishes the name, and the names
-    # are on disk (folders, and the parents of new folders, fsynced) before put returns, so
-    # before the publishing commit. Every temporary file is written before any is fsynced:
-    # on a journalling filesystem the first fsync then commits them all at once and the
-    # others find nothing left to do (one journal commit for a photo's files, not one each).
+    # are on disk (folders fsynced) before put returns, so before the publishing commit.
+    # Every temporary file is written before any is fsynced: on a journalling filesystem
+    # the first fsync then commits most of their metadata at once, not one commit each.
     folders = list(dict.fromkeys(path.parent for path, _ in files))
-    synced = [parent for folder in folders for parent in _make_folders(folder)]
+    for folder in folders:
+        _make_folders(folder)
     staged: list[tuple[BinaryIO, Path, Path]] = []
     try:
         for path, data in files:
@@ -279,13 +279,10 @@ def _write_files(files: list[tuple[Path, bytes]]) -> None:
             f.close()
         for _, tmp, path in staged:
             os.replace(tmp, path)
-    except OSError:
-        for f, tmp, _ in staged:
-            f.close()
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+    except BaseException:
+        _discard(staged)
         raise
-    for folder in dict.fromkeys([*folders, *synced]):
+    for folder in folders:
         _fsync_folder(folder)
 
 
@@ -296,16 +293,24 @@ def _staged(path: Path, data: bytes) -> tuple[BinaryIO, Path, Path]:
     try:
         f.write(data)
         f.flush()
-    except OSError:
-        f.close()
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    except BaseException:
+        _discard([(f, tmp, path)])
         raise
     return f, tmp, path
 
 
-def _make_folders(folder: Path) -> list[Path]:
-    """mkdir -p; the parents of the folders it created, to fsync (a new name is an entry
+def _discard(staged: list[tuple[BinaryIO, Path, Path]]) -> None:
+    """Close and remove what a failed put staged (a renamed one is gone already: the
+    renditions of a put that failed are unreferenced, for `darkroom gc`)."""
+    for f, tmp, _ in staged:
+        with contextlib.suppress(OSError):
+            f.close()
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _make_folders(folder: Path) -> None:
+    """mkdir -p, fsyncing the parent of each folder it creates (a new name is an entry
     in its parent, lost in a power cut until the parent is synced)."""
     missing: list[Path] = []
     while not folder.is_dir():
@@ -314,7 +319,7 @@ def _make_folders(folder: Path) -> list[Path]:
     for new in reversed(missing):
         with contextlib.suppress(FileExistsError):  # another put made it meanwhile
             new.mkdir()
-    return [new.parent for new in reversed(missing)]
+        _fsync_folder(new.parent)
 
 
 def _fsync_folder(folder: Path) -> None:
