@@ -68,7 +68,7 @@ class Recorder:
     def publishing(self, entry: Entry) -> db.AttemptRow:
         """The delivery's row as the publishing commit finishes it (no row: nothing)."""
         attempt = self.attempt(entry)
-        if attempt.row_id is None or not self.enabled:
+        if attempt.row_id is None:  # no row: nothing claimed, or DARKROOM_HISTORY=false
             return db.AttemptRow()
         stages = attempt.stages_ms.get
         return db.AttemptRow(attempt.row_id, stages("download"), stages("render"),
@@ -79,8 +79,7 @@ class Recorder:
         `end` leaves it so, whatever ends the delivery after it (a stop before the ack, an
         ack that failed): the photo was published by this delivery."""
         attempt = self.attempt(entry)
-        if attempt.row_id is not None and self.enabled:
-            attempt.ended = "published"
+        attempt.finished = attempt.row_id is not None
 
     def forget(self, entry: Entry) -> None:
         """A delivery cut short without an end (stopped before its claim was given back):
@@ -91,7 +90,7 @@ class Recorder:
         """Finish the delivery's row, or write it whole when it has none (nothing was
         claimed, or its insert failed). Once per delivery: the attempt is forgotten here."""
         attempt = self.attempts.pop(entry.id, None) or history.Attempt()
-        if not self.enabled or attempt.ended is not None:
+        if not self.enabled or attempt.finished:
             return
         with _logged(entry):
             if attempt.row_id is not None:

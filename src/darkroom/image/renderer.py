@@ -39,6 +39,7 @@ from darkroom.errors import (
     RenderOutOfMemoryError,
     RenderTimeoutError,
 )
+from darkroom.image import pipe
 from darkroom.image.pipeline import RenderResult, render
 from darkroom.settings import RenditionSpec, Settings
 
@@ -286,26 +287,28 @@ class _Child:
     renders: int = 0
     kind: str = "regular"  # the slot it serves: "regular" or "reserved"
 
-    def exchange(self, request: tuple[bytes, tuple[RenditionSpec, ...], int]) -> tuple[Any, ...]:
-        """Runs in a thread: send one photo, wait for its reply; ("died",) if the pipe broke.
-
-        Only this call closes the pipe on failure, so an abandoned call (timeout, cancel)
-        never reads from a descriptor that was closed and reused under it.
-        """
+    async def exchange(
+        self, request: tuple[bytes, tuple[RenditionSpec, ...], int]
+    ) -> tuple[Any, ...]:
+        """Send one photo and wait for its reply on the event loop (image/pipe.py);
+        ("died",), the pipe closed, if the process went away."""
         try:
-            self.conn.send(request)
-            return self.conn.recv()  # type: ignore[no-any-return]
+            await pipe.send(self.conn.fileno(), request)
+            return await pipe.recv(self.conn.fileno())  # type: ignore[no-any-return]
         except (EOFError, OSError):
             self.conn.close()
             return ("died",)
 
     def ready(self) -> bool:
         """Runs in a thread: wait for the process's first word (it is set up); False if it
-        died or hung first."""
+        died or hung first. Once ready, the pipe is the event loop's (non-blocking)."""
         try:
-            return bool(self.conn.poll(_READY_WAIT_S)) and self.conn.recv() == _READY
+            if not (self.conn.poll(_READY_WAIT_S) and self.conn.recv() == _READY):
+                return False
         except (EOFError, OSError):
             return False
+        os.set_blocking(self.conn.fileno(), False)
+        return True
 
 
 class RenderPool:
@@ -346,7 +349,7 @@ class RenderPool:
         self._sizes = {"regular": slots, "reserved": reserved}
         self._idle: list[_Child] = []
         self._closed = False
-        self._threads = anyio.CapacityLimiter(self.slots)  # pipe waits, off anyio's shared pool
+        self._threads = anyio.CapacityLimiter(self.slots)  # starts and joins, off anyio's pool
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RenderPool:
@@ -433,9 +436,7 @@ class RenderPool:
         done = False
         try:
             with anyio.fail_after(self.timeout_s):
-                reply = await anyio.to_thread.run_sync(
-                    child.exchange, request, abandon_on_cancel=True, limiter=self._threads
-                )
+                reply = await child.exchange(request)
             done = True
             return reply
         except TimeoutError:
@@ -444,6 +445,7 @@ class RenderPool:
             if not done:  # timed out or cancelled: the process may be mid-photo
                 if child.process.exitcode is None:
                     child.process.kill()
+                child.conn.close()
                 await self._reap(child, "killed")
 
     async def _keep_or_retire(self, child: _Child, value: Any, rss_mb: int, peak_mb: int) -> None:

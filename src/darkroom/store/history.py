@@ -26,7 +26,7 @@ class Attempt:
     row_id: int | None = None
     stages_ms: dict[str, float] = field(default_factory=dict)
     peak_rss_mb: float | None = None
-    ended: str | None = None  # the outcome its row was finished with already, if any
+    finished: bool = False  # its row was finished already (by the publishing commit)
 
     def add(self, stage: str, ms: float) -> None:
         self.stages_ms[stage] = self.stages_ms.get(stage, 0.0) + ms
