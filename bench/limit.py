@@ -118,12 +118,13 @@ def cost_row(name: str, rounds: list[Costs]) -> str:
             f"{m('redis_calls'):.1f} | {m('redis_us'):.0f} |")  # fmt: skip
 
 
-# ext4 without a journal (this machine's disk) passes over inodes freed in the last 30 s
-# (35 s while their block is dirty) when it allocates new ones: every file darkroom creates
-# right after a mass delete (the temporary folders of the benches before this one) costs
-# several times its settled system time, and the bare loop creates none. The run starts once
-# that window has passed; docs/performance.md ("Fifth pass") gives what it is worth.
-SETTLE_S = 36.0
+# ext4 without a journal (this machine's disk) passes over inodes freed in the last 60 s
+# (360 s while their inode table block is dirty; written back within about 30 s) when it
+# allocates new ones (fs/ext4/ialloc.c, recently_deleted): every file darkroom creates right
+# after a mass delete (the temporary folders of the benches before this one) costs several
+# times its settled system time, and the bare loop creates none. The run starts once that
+# window has passed; docs/performance.md ("Fifth pass") gives what it is worth.
+SETTLE_S = 65.0
 
 # Rounds per workload, each darkroom then the bare loop (then sharp) back to back: this
 # machine's speed drifts by a third within minutes, so each ratio is of one round's pair,

@@ -51,6 +51,37 @@ def test_thumbhash_matches_reference_vectors(vector: dict[str, Any]) -> None:
     assert rgba == base64.b64decode(vector["decoded_rgba"])
 
 
+RANDOM_VECTORS = json.loads((Path(__file__).parent / "thumbhash_random_vectors.json").read_text())
+
+
+def _noise_image(w: int, h: int, mode: str, seed: int) -> bytes:
+    """Seeded noise (xorshift32), as tests/thumbhash_random.mjs makes it for the reference."""
+    x, out = seed, bytearray()
+
+    def next_byte() -> int:
+        nonlocal x
+        x ^= (x << 13) & 0xFFFFFFFF
+        x ^= x >> 17
+        x ^= (x << 5) & 0xFFFFFFFF
+        return x & 255
+
+    for _ in range(w * h):
+        out += bytes(next_byte() for _ in range(3))
+        a = next_byte()
+        out.append(255 if mode == "opaque" else (255 if a & 1 else 0) if mode == "binary" else a)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("vector", RANDOM_VECTORS, ids=lambda v: f"{v['w']}x{v['h']}-{v['mode']}")
+def test_thumbhash_matches_the_reference_on_noise(vector: dict[str, Any]) -> None:
+    """Byte for byte with npm `thumbhash` on noise images, opaque, with binary alpha and with
+    partial alpha, the first four with a luminance count on a half (7 × 30 / 84 = 2.5: the
+    reference rounds it up, to 3 rows)."""
+    image = _noise_image(vector["w"], vector["h"], vector["mode"], vector["seed"])
+    hashed = thumbhash.encode(vector["w"], vector["h"], image)
+    assert base64.b64encode(hashed).decode() == vector["hash"]
+
+
 def test_thumbhash_of_a_flat_image_has_no_detail_terms() -> None:
     """A flat colour hashes to its colour and all-zero detail, not to summation noise."""
     hashed = thumbhash.encode(40, 30, bytes([10, 120, 200, 255]) * 1200)

@@ -33,16 +33,16 @@ def _echo(conn: Any, replies: int) -> None:
 @pytest.mark.parametrize("size", SIZES)
 async def test_a_frame_goes_both_ways_whole(size: int) -> None:
     ours, theirs = _ends()
-    peer = threading.Thread(target=_echo, args=(theirs, 2))
+    peer = threading.Thread(target=_echo, args=(theirs, 2), daemon=True)
     peer.start()
     try:
         for payload in (os.urandom(size), ("ok", os.urandom(size), size, None)):
-            await pipe.send(ours.fileno(), payload)
             with anyio.fail_after(30):
+                await pipe.send(ours.fileno(), payload)
                 assert await pipe.recv(ours.fileno()) == payload
     finally:
+        ours.close()  # a peer still waiting gets its EOF
         peer.join(30)
-        ours.close()
         theirs.close()
 
 
@@ -62,19 +62,20 @@ async def test_the_loop_keeps_running_while_a_large_frame_waits_for_its_reader()
         threading.Event().wait(0.3)
         _echo(theirs, 1)
 
-    peer = threading.Thread(target=slow_echo)
+    peer = threading.Thread(target=slow_echo, daemon=True)
     peer.start()
     payload = os.urandom(8 * 1024 * 1024)
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(tick)
-            await pipe.send(ours.fileno(), payload)
-            assert await pipe.recv(ours.fileno()) == payload
-            tg.cancel_scope.cancel()
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(tick)
+                await pipe.send(ours.fileno(), payload)
+                assert await pipe.recv(ours.fileno()) == payload
+                tg.cancel_scope.cancel()
         assert ticks >= 5  # about 0.3 s of 10 ms ticks went by during the send (30 unloaded)
     finally:
-        peer.join(30)
         ours.close()
+        peer.join(30)
         theirs.close()
 
 
@@ -84,7 +85,7 @@ async def test_a_peer_that_closes_mid_frame_is_an_eof() -> None:
     os.write(theirs.fileno(), b"\x00\x00")
     theirs.close()
     assert await pipe.recv(ours.fileno()) == "first"
-    with pytest.raises(EOFError):
+    with pytest.raises(EOFError), anyio.fail_after(30):
         await pipe.recv(ours.fileno())
     ours.close()
 
@@ -92,6 +93,6 @@ async def test_a_peer_that_closes_mid_frame_is_an_eof() -> None:
 async def test_writing_to_a_closed_peer_is_an_os_error() -> None:
     ours, theirs = _ends()
     theirs.close()
-    with pytest.raises(BrokenPipeError):
+    with pytest.raises(BrokenPipeError), anyio.fail_after(30):
         await pipe.send(ours.fileno(), os.urandom(1024 * 1024))
     ours.close()

@@ -20,8 +20,8 @@ import anyio
 _LENGTH = struct.Struct("!i")
 _LARGE_LENGTH = struct.Struct("!Q")
 _MAX_SMALL = 0x7FFFFFFF
-# Below this, length and pickle go out in one write (as multiprocessing does).
-_JOIN_BELOW = 16384
+# Up to this, length and pickle go out in one write (as multiprocessing does).
+_JOIN_UP_TO = 16384
 
 
 async def send(fd: int, obj: object) -> None:
@@ -32,7 +32,7 @@ async def send(fd: int, obj: object) -> None:
         header = _LENGTH.pack(-1) + _LARGE_LENGTH.pack(size)
     else:
         header = _LENGTH.pack(size)
-    if size < _JOIN_BELOW:
+    if size <= _JOIN_UP_TO:
         await _write_all(fd, header + bytes(payload))
         return
     await _write_all(fd, header)
