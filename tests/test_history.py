@@ -196,3 +196,24 @@ async def test_a_published_deliverys_row_stays_published_whatever_ends_it(pool: 
         )
         finished = [tuple(r) for r in stored if r["outcome"] != "running"]
         assert finished == [("published", 12.0)], (row_of_its_own, ending)
+
+
+async def test_a_publish_whose_reply_was_lost_leaves_its_row_published(pool: db.Pool) -> None:
+    """The publishing statement committed but its reply never reached the worker (the
+    connection dropped): the worker retries in place, finds the photo published, and ends
+    the delivery `already`. The row says what happened: this delivery published it."""
+    rec = recorder.Recorder(pool, "w1")
+    lease = db.Lease("A", 60_000, 5)
+    facts = {"width": 4, "height": 3, "format": "jpeg", "bytes": 10}
+    photo_id = uuid.uuid4()
+    await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
+    entry = Entry("1-0", {"photo_id": str(photo_id)})
+    claim = await db.claim(pool, photo_id, entry.id, "w1", lease, "interactive")
+    rec.begun(entry, claim.history_row)
+    rec.attempt(entry).add("render", 12.0)
+    assert await db.publish(pool, photo_id, facts, "[]", rec.publishing(entry)) == []
+    # the reply is lost: no rec.published(entry); the retry in place publishes nothing
+    assert await db.publish(pool, photo_id, facts, "[]", rec.publishing(entry)) is None
+    await rec.end(entry, history.Ending("already"))
+    [row] = await history.timeline(pool, photo_id)
+    assert (row["outcome"], row["render_ms"]) == ("published", 12.0)

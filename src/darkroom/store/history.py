@@ -62,10 +62,12 @@ async def start(pool: Pool, photo_id: uuid.UUID, entry_id: str, consumer: str, l
     return row_id
 
 
+# Only a `running` row: one the publishing commit finished stays `published`, even when its
+# worker never heard back (the reply was lost, the retry in place then found it `already`).
 FINISH_SQL = f"""{QUICK}
 UPDATE photo_attempts SET ended_at = now(), outcome = $2, error_code = $3, error = $4,
     download_ms = $5, render_ms = $6, upload_ms = $7, publish_ms = $8, peak_rss_mb = $9
-FROM quick WHERE id = $1
+FROM quick WHERE id = $1 AND outcome = 'running'
 """
 
 
