@@ -20,7 +20,8 @@ from darkroom.errors import (
     RenderTimeoutError,
 )
 from darkroom.image.pipeline import render
-from darkroom.image.renderer import IDLE_TRIM_S, RenderPool, vips_threads_for
+from darkroom.image.renderer import RenderPool, vips_threads_for
+from darkroom.image.renderproc import IDLE_TRIM_S
 from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 from tests.conftest import PHOTOS
 
