@@ -75,8 +75,8 @@ def _noise_image(w: int, h: int, mode: str, seed: int) -> bytes:
 @pytest.mark.parametrize("vector", RANDOM_VECTORS, ids=lambda v: f"{v['w']}x{v['h']}-{v['mode']}")
 def test_thumbhash_matches_the_reference_on_noise(vector: dict[str, Any]) -> None:
     """Byte for byte with npm `thumbhash` on noise images, opaque, with binary alpha and with
-    partial alpha, the first four with a luminance count on a half (7 × 30 / 84 = 2.5: the
-    reference rounds it up, to 3 rows)."""
+    partial alpha; the first eight with a luminance count on a half, which the reference
+    rounds up (7 × 30 / 84 = 2.5: the header's shape; 7 × 18 / 28 = 4.5: 5 rows, not 4)."""
     image = _noise_image(vector["w"], vector["h"], vector["mode"], vector["seed"])
     hashed = thumbhash.encode(vector["w"], vector["h"], image)
     assert base64.b64encode(hashed).decode() == vector["hash"]

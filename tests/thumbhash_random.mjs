@@ -20,9 +20,13 @@ function noiseImage(w, h, mode, seed) {
   return out;
 }
 
-// Sides whose luminance count sits on a half (7 × 30 / 84 = 2.5, 5 × 50 / 100 = 2.5), then
-// sizes from a fixed list.
-const cases = [[84, 30, "opaque"], [30, 84, "opaque"], [50, 100, "binary"], [100, 50, "partial"]];
+// Sides whose luminance count sits on a half: 7 × 30 / 84 = 2.5 and 5 × 50 / 100 = 2.5 (the
+// header's shape), 7 × 18 / 28 = 4.5, 7 × 13 / 14 = 6.5 and 5 × 90 / 100 = 4.5 (how many
+// terms); then sizes from a fixed list.
+const cases = [
+  [84, 30, "opaque"], [30, 84, "opaque"], [50, 100, "binary"], [100, 50, "partial"],
+  [28, 18, "opaque"], [14, 13, "opaque"], [100, 90, "binary"], [90, 100, "partial"],
+];
 const modes = ["opaque", "binary", "partial"];
 let s = 7;
 for (let i = 0; i < 36; i++) {
