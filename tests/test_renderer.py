@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -140,16 +141,28 @@ async def test_a_process_whose_address_space_neared_its_limit_is_replaced(
         await renderer.render(JPEG, DEFAULTS)
 
 
+def open_sockets() -> int:
+    """This process's open sockets: each render process's pipe to the pool is a socket pair."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return sum(1 for link in links if link.startswith("socket:"))
+
+
 async def test_a_timeout_kills_the_process_and_the_next_photo_renders() -> None:
-    """A render slower than timeout_s is killed (code timeout); a fresh process takes the next."""
+    """A render slower than timeout_s is killed (code timeout); a fresh process takes the
+    next, and the dead one's pipe is closed (no descriptor left behind by any timeout)."""
     async with pool(timeout_s=0.05) as renderer:
         [pid] = renderer.pids()
+        before = open_sockets()
         with pytest.raises(RenderTimeoutError) as caught:
             await renderer.render(HEIC, DEFAULTS)
         assert caught.value.code == "timeout" and caught.value.retryable
         assert gone(pid) and renderer.retired["killed"] == 1
         renderer.timeout_s = 120
         again = await renderer.render(JPEG, DEFAULTS)
+        assert open_sockets() == before  # one process's pipe end, as before the timeout
     assert (again.facts.width, again.facts.height) == (1800, 1200)
 
 
@@ -185,11 +198,13 @@ async def test_a_cancelled_render_kills_and_reaps_its_process() -> None:
     """Cancelling the awaiting task kills the render process and waits for it to be reaped."""
     async with pool() as renderer:
         [pid] = renderer.pids()
+        before = open_sockets()
         with anyio.move_on_after(0.3) as scope:
             await renderer.render(HEIC, DEFAULTS)
         assert scope.cancelled_caught
         assert gone(pid) and renderer.retired["killed"] == 1
         assert (await renderer.render(SMALL, DEFAULTS)).facts.format == "gif"
+        assert open_sockets() == before  # the killed process's pipe end was closed
 
 
 async def test_a_photo_error_keeps_the_process() -> None:

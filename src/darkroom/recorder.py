@@ -75,9 +75,10 @@ class Recorder:
                              stages("upload"), attempt.peak_rss_mb)  # fmt: skip
 
     def published(self, entry: Entry) -> None:
-        """The publishing commit finished the row (if it was handed one) as `published`:
-        `end` leaves it so, whatever ends the delivery after it (a stop before the ack, an
-        ack that failed): the photo was published by this delivery."""
+        """The publishing commit finished the row (if it was handed one) as `published`, so
+        `end` sends no UPDATE for it, whatever ends the delivery after it (a stop before the
+        ack, an ack that failed). Only a statement saved: FINISH_SQL leaves a finished row
+        alone anyway, which is what keeps it `published` when the commit's reply was lost."""
         attempt = self.attempt(entry)
         attempt.finished = attempt.row_id is not None
 
