@@ -5,21 +5,31 @@
 # is a symlink to the base image's interpreter).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# ---- build: install the project and its dependencies into /opt/venv ----------
+# ---- build: install the locked set into /opt/venv ------------------------------
 FROM ${PYTHON_IMAGE} AS build
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH
+# uv from PyPI, pinned by hash; it installs every package at uv.lock's version and hash
+# (docs/development.md). Bytecode compiled now: the container's root is read-only.
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    UV_PROJECT_ENVIRONMENT=/opt/venv \
+    UV_PYTHON_DOWNLOADS=never \
+    UV_COMPILE_BYTECODE=1 \
+    UV_SYSTEM_CERTS=1 \
+    UV_NO_CACHE=1
 WORKDIR /app
+COPY requirements-uv.txt ./
+RUN python -m venv /opt/uv \
+ && /opt/uv/bin/pip install --no-cache-dir --require-hashes -r requirements-uv.txt
 # src/darkroom/store/schema.sql is a symlink to ../../../schema.sql: keep the same layout
 # (/app/schema.sql next to /app/src) so hatchling can follow it into the wheel.
-COPY pyproject.toml README.md schema.sql ./
+COPY pyproject.toml uv.lock README.md schema.sql ./
 COPY src ./src
-# Non-editable install: the venv is self-contained and /app/src is not needed later.
+# --locked: a lock that pyproject.toml outgrew fails the build; --no-editable: the venv is
+# self-contained and /app/src is not needed later; no dependency group (tests, bench).
 # Every dependency ships wheels; there is no compiler here, so an sdist fails loudly.
-RUN pip install --no-cache-dir . \
- && python -c "import importlib.resources as r, pyvips, pi_heif; \
+RUN /opt/uv/bin/uv sync --locked --no-dev --no-editable --python python3 \
+ && /opt/venv/bin/python -c "import importlib.resources as r, pyvips, pi_heif; \
 assert r.files('darkroom.store').joinpath('schema.sql').is_file(), 'schema.sql not packaged'"
+ENV PATH=/opt/venv/bin:$PATH
 # the start-up self-check on the built-in samples: every format works in this image
 RUN darkroom check
 

@@ -9,13 +9,31 @@ IMAGES  = $(filter-out %.md,$(wildcard $(PHOTOS)/*))
 
 PROMTOOL := $(VENV)/bin/promtool
 
-.PHONY: demo test lint imports typecheck pytest chaos bench bench-encoders services clean
+.PHONY: demo lock test lint imports typecheck pytest chaos bench bench-encoders services clean
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+# Every package comes from uv.lock, exactly and with its hashes (docs/development.md): uv
+# itself is pinned by hash in requirements-uv.txt and lives apart in .tools/, since a sync
+# removes whatever the lock does not name. `--locked` refuses a lock that pyproject.toml outgrew.
+TOOLS := .tools
+UV    := $(TOOLS)/bin/uv
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+SYNC  := $(UV) sync --quiet --locked --python $(PYTHON)
+
+$(UV): requirements-uv.txt
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install -q --require-hashes -r requirements-uv.txt
 	touch $@
+
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	$(SYNC) --group test
+	touch $@
+
+# The newest versions pyproject.toml allows, then every check on them: run it to take a
+# dependency's fixes or before a release, and commit uv.lock when `make test` passes.
+lock: | $(UV)
+	$(UV) lock --upgrade --python $(PYTHON)
+	$(MAKE) test
 
 # Start PostgreSQL and Redis if they are down (as on this project's machines).
 services:
@@ -75,8 +93,8 @@ BENCH_SCRIPTS := bench/render.py bench/pool.py bench/e2e.py bench/sweep.py bench
                  bench/fairness.py
 BENCH_STAMP   := $(VENV)/.bench-installed
 
-$(BENCH_STAMP): pyproject.toml $(STAMP)
-	$(BIN)/pip install -q -e '.[test,bench]'
+$(BENCH_STAMP): pyproject.toml uv.lock $(STAMP)
+	$(SYNC) --group test --group bench
 	touch $@
 
 # sharp for bench/limit.py's comparison, exactly as locked (node >= 20); without npm the column is n/a.
@@ -94,4 +112,4 @@ bench-encoders: $(BENCH_STAMP)
 	$(BIN)/python bench/encoders.py --out docs/benchmarks.md
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) var .pytest_cache .mypy_cache .ruff_cache

@@ -362,7 +362,7 @@ def _plot(points: list[tuple[int, int, int, int, int]], graph: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("  matplotlib missing (pip install -e '.[bench]'): no graph", file=sys.stderr)
+        print("  matplotlib missing (make bench installs it): no graph", file=sys.stderr)
         return
     done = [i for i, *_ in points]
     fig, ax = plt.subplots(figsize=(8, 4))

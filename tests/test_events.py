@@ -25,7 +25,7 @@ from darkroom.errors import DatabaseUnavailableError
 from darkroom.operate import events as events_command
 from darkroom.operate.web import live
 from darkroom.queue.eventstream import EventStream
-from darkroom.relay import Relay
+from darkroom.relay import IDLE_PASS_S, Relay
 from darkroom.store import db, outbox
 from tests.conftest import PHOTOS, REDIS_URL, Env
 
@@ -167,7 +167,7 @@ async def test_a_relay_killed_before_marking_sends_again_with_the_same_id(box: O
 
 
 async def test_the_relay_wakes_on_commit_and_keeps_each_photos_order(box: Outbox) -> None:
-    """A running relay publishes within a second of the commit, in order per photo; a
+    """A running relay publishes on the commit, not at its next idle pass, in order per photo; a
     second relay waits for the lock instead of publishing too."""
     one, other = box.relay(), box.relay()
     relayed = REGISTRY.get_sample_value("darkroom_events_relayed_total") or 0
@@ -181,7 +181,8 @@ async def test_the_relay_wakes_on_commit_and_keeps_each_photos_order(box: Outbox
         await rerender_claimed(box.pool, photo_id)
         await db.publish(box.pool, photo_id, FACTS, json.dumps(RENDITIONS))
         await until_async(lambda: box.entries(), 2)
-        assert time.monotonic() - committed < 1.0
+        # woken by the commit's NOTIFY: an idle pass would come only after IDLE_PASS_S (30 s)
+        assert time.monotonic() - committed < IDLE_PASS_S / 3
         assert not other.holding
         tg.cancel_scope.cancel()
     types = [e["type"] for e in await box.entries()]
@@ -240,10 +241,8 @@ def test_events_follow_prints_what_commits_after_it_started(file_env: Env) -> No
     first = publish_photos(file_env.database_url, 1)
     lines = lines_of(file_env.start("events", "--follow", "--json"))
     assert json.loads(lines.get(timeout=10))["subject"] == str(first[0])
-    started = time.monotonic()
     later = publish_photos(file_env.database_url, 2)
-    assert [json.loads(lines.get(timeout=5))["subject"] for _ in later] == [str(p) for p in later]
-    assert time.monotonic() - started < 5
+    assert [json.loads(lines.get(timeout=30))["subject"] for _ in later] == [str(p) for p in later]
 
 
 def test_a_worker_relays_its_outcomes_before_it_exits(file_env: Env) -> None:

@@ -356,14 +356,15 @@ async def test_two_waiters_one_prober(spare: int, spare_streams: Streams) -> Non
 
 
 async def test_a_redis_command_fails_fast_when_redis_is_down() -> None:
-    """Redis unreachable: a command raises queue_unavailable (connection, transient) within
-    a second, after one reconnect: the gate and the photo's wait decide, not the driver."""
+    """Redis unreachable: a command raises queue_unavailable (connection, transient) after one
+    reconnect, well before the 5 s connect timeout: the gate and the photo's wait decide,
+    not the driver."""
     client = streams.connect(f"redis://127.0.0.1:{free_port()}/0")
     try:
         started = time.monotonic()
         with pytest.raises(QueueUnavailableError) as caught:
             await _streams(client).probe()
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 4.0  # refused at once on loopback, even under load
         assert (caught.value.reason, caught.value.transient) == ("connection", True)
     finally:
         await client.aclose()

@@ -87,7 +87,9 @@ def test_killed_worker_is_recovered_within_the_claim_idle_time(file_env: Env) ->
     kill_mid_photo(file_env, settings)
     killed_at = time.monotonic()
     file_env.cli("run", "--drain", **settings)
-    assert time.monotonic() - killed_at < 1.5 + 10, "recovered within the bound plus one render"
+    # the claim idle time, not the sweep (DARKROOM_SWEEP_AFTER_S, 300 s): a loaded machine may
+    # stretch the render itself, so the bound is loose
+    assert time.monotonic() - killed_at < 60, "recovered by the reclaim, not by the sweep"
     assert state(file_env, photo_id) == ("processed", "published", 2)
 
 

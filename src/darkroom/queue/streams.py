@@ -176,7 +176,7 @@ def _sentinel_primary(target: RedisTarget, options: dict[str, Any]) -> redis.Red
     if target.tls:
         ssl = {k: v for k, v in options.items() if k.startswith("ssl_")}
         sentinel_options.update(ssl=True, **ssl)
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(
         list(target.nodes), sentinel_kwargs=sentinel_options, db=target.db, ssl=target.tls,
         **options,
     )  # fmt: skip
