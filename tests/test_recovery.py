@@ -240,12 +240,17 @@ def test_database_outage_burns_no_attempt(file_env: Env) -> None:
     """PostgreSQL unreachable, even at start-up: the worker keeps running and catches up."""
     [photo_id] = file_env.ingest([PHOTOS / "4.webp"])
     proxy = Proxy("127.0.0.1", 5432)
+    port = free_port()
     try:
         proxy.refuse(True)
         url = f"postgresql://postgres@{proxy.url_host}/{file_env.database_url.rsplit('/', 1)[1]}"
-        worker = file_env.start("run", DARKROOM_DATABASE_URL=url)
-        time.sleep(3)
-        assert worker.poll() is None, "a database outage does not end the worker"
+        worker = file_env.start("run", DARKROOM_DATABASE_URL=url, DARKROOM_METRICS_PORT=str(port))
+        # until the worker has met the outage (a fixed sleep can end first on a busy machine)
+        deadline = time.monotonic() + 60
+        while readyz(port) != 503:
+            assert time.monotonic() < deadline, "/readyz never said the database was down"
+            assert worker.poll() is None, "a database outage does not end the worker"
+            time.sleep(0.1)
         proxy.refuse(False)
         wait_for(file_env, "SELECT 1 FROM photos WHERE processing_state = 'processed'", proc=worker)
         worker.send_signal(signal.SIGTERM)
