@@ -179,9 +179,10 @@ def test_rows_with_over_long_tenants_from_before_the_constraint_are_rendered(fil
 def test_a_dead_feeder_is_replaced(file_env: Env) -> None:
     """Kill the worker that feeds: another takes the duty once its lease runs out and
     enqueues new rows."""
-    start_feeding(file_env)
+    lease = {"DARKROOM_DUTY_LEASE_S": "2"}  # the killed holder never releases it
+    start_feeding(file_env, **lease)
     first = file_env.procs[0]
-    file_env.start("run")
+    file_env.start("run", **lease)
     first.kill()
     first.communicate()
     photo_id = insert_row(file_env)
