@@ -145,7 +145,7 @@ async def test_a_refused_renewal_cancels_the_work_at_once(pool: db.Pool) -> None
         tg.start_soon(runner.run, work)
         await until(lambda: runner.tenure is not None)
         await pool.execute("UPDATE darkroom_duties SET holder = 'b', token = token + 1")
-        with anyio.fail_after(runner.retry_s + TAKEOVER_BOUND_S):
+        with anyio.fail_after(runner.renew_s + TAKEOVER_BOUND_S):
             await stopped.wait()
         tg.cancel_scope.cancel()
     [row] = await duties.holders(pool)

@@ -1,8 +1,9 @@
 """Leased single runners: each duty (the feeder, the relay, the sweep, the history prune)
 is done by one worker at a time, the holder of its lease in darkroom_duties
-(store/duties.py). A runner takes the lease, renews it every lease/3, and cancels the work
-at once when a renewal is refused or the lease runs out unrenewed; the work's writes that
-matter carry the lease's token (a Fence), so a holder that wakes after a takeover is refused.
+(store/duties.py). A runner takes the lease, renews it every lease/3 (a candidate asks as
+often, at most 2 s apart), and cancels the work at once when a renewal is refused or the
+lease runs out unrenewed; the work's writes that matter carry the lease's token (a Fence),
+so a holder that wakes after a takeover is refused.
 
 Ordering hazards: the local deadline counts from before the statement that set the lease
 (the database's expiry is never earlier than ours); a lost duty is released by nobody (the
@@ -28,6 +29,9 @@ log = structlog.get_logger("darkroom.duty")
 
 RELEASE_TIMEOUT_S = 5.0  # a stop never waits longer for the database to hear it
 REPEAT_LOG_EVERY_S = 10.0
+# A candidate asks at least this often (a cheap primary-key statement), so a takeover comes
+# at most this long after the lease ran out, whatever the lease.
+MAX_RETRY_S = 2.0
 FAILURE_CAP_S = 30.0
 
 
@@ -80,10 +84,15 @@ class Duty:
     tenure: Tenure | None = None  # while this process holds the duty
 
     @property
-    def retry_s(self) -> float:
-        """How often a candidate asks, and the holder renews: a takeover comes within the
-        lease and one retry after the holder's last renewal."""
+    def renew_s(self) -> float:
+        """How often the holder renews: two renewals may fail before the lease runs out."""
         return self.lease_s / 3
+
+    @property
+    def retry_s(self) -> float:
+        """How often a candidate asks: a takeover comes within the lease and one retry
+        after the holder's last renewal."""
+        return min(self.lease_s / 3, MAX_RETRY_S)
 
     async def run(self, work: Work, stopping: anyio.Event | None = None) -> None:
         """Until `stopping` is set (or cancelled): take the duty whenever it is free and do
@@ -159,7 +168,7 @@ class Duty:
         """Renew every lease/3; refused: lost at once; failing: lost at the deadline. Each
         renewal waits at most until the deadline (a hung connection must not hold it)."""
         while tenure.live():
-            await anyio.sleep(self.retry_s)
+            await anyio.sleep(self.renew_s)
             sent_s = anyio.current_time()
             renewed: bool | None = None
             with anyio.move_on_after(max(0.0, tenure.until_s - sent_s)):

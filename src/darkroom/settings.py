@@ -91,7 +91,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     transient_budget_s: float = 3600.0
     sweep_after_s: float = 300.0
     # The lease of a single runner (feeder, relay, sweep, history prune: duty.py): a holder
-    # that stops renewing loses its duty to another worker within this, plus lease/3.
+    # that stops renewing loses its duty to another worker within this plus one retry (2 s).
     duty_lease_s: float = 10.0
     job_timeout_s: float = 120.0
     render_memory_mb: int = 2048
