@@ -302,3 +302,18 @@ END $$;
 CREATE OR REPLACE TRIGGER photos_intake_notify AFTER INSERT ON photos
     FOR EACH ROW WHEN (NEW.enqueued_at IS NULL) EXECUTE FUNCTION darkroom_notify_intake();
 -- ---- end of issue 14.5 --------------------------------------------------------------------
+
+-- ---- leased duties: the feeder, the relay, the sweep, the history prune -------------------
+-- One row per duty (store/duties.py), held by one worker process at a time until
+-- expires_at (the database's clock). `token` only grows: each takeover adds one, and a
+-- release only expires the row (a deleted row would start again at 1), so a holder's
+-- fenced write (`... AND token = $n`) is refused once anyone else has taken the duty.
+CREATE TABLE IF NOT EXISTS darkroom_duties (
+    name        text        PRIMARY KEY,
+    holder      text        NOT NULL,
+    token       bigint      NOT NULL CHECK (token > 0),
+    acquired_at timestamptz NOT NULL DEFAULT now(),
+    renewed_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz NOT NULL
+);
+-- ---- end of leased duties -------------------------------------------------------------------

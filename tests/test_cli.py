@@ -116,6 +116,11 @@ def test_status_json_reports_stream_group_and_photos(file_env: Env) -> None:
     assert report["photos"] == {"processed": 2}
     text = file_env.cli("status").stdout
     assert "processed" in text and file_env.stream in text
+    # the run held the single runners' duties and gave them up as it exited
+    held = {d["name"]: d for d in report["duties"]}
+    assert {"feeder", "relay", "sweep"} <= set(held)
+    assert all(d["token"] >= 1 and d["expires_in_s"] <= 0 for d in held.values())
+    assert "duties" in text and held["feeder"]["holder"] in text
 
 
 def test_sigterm_mid_batch_finishes_in_flight_and_loses_nothing(file_env: Env) -> None:

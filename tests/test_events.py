@@ -21,12 +21,13 @@ import pytest
 import redis.asyncio
 from prometheus_client import REGISTRY
 
+from darkroom.duty import Duty
 from darkroom.errors import DatabaseUnavailableError
 from darkroom.operate import events as events_command
 from darkroom.operate.web import live
 from darkroom.queue.eventstream import EventStream
 from darkroom.relay import IDLE_PASS_S, Relay
-from darkroom.store import db, outbox
+from darkroom.store import db, duties, outbox
 from tests.conftest import PHOTOS, REDIS_URL, Env
 
 FACTS = {"width": 40, "height": 30, "format": "jpeg", "bytes": 99, "camera_make": "Fuji",
@@ -34,6 +35,7 @@ FACTS = {"width": 40, "height": 30, "format": "jpeg", "bytes": 99, "camera_make"
 RENDITIONS = [{"name": "thumb", "key": "renditions/x/thumb-1.webp", "format": "webp",
                "width": 32, "height": 24, "bytes": 120}]  # fmt: skip
 SOURCE = "darkroom://test"
+LEASE_S = 1.0
 
 
 @dataclass
@@ -44,7 +46,16 @@ class Outbox:
     stream: EventStream
 
     def relay(self) -> Relay:
-        return Relay(self.url, self.stream, SOURCE, keep_days=7)
+        """A relay of its own process (its own holder of the relay's duty)."""
+        duty = Duty(duties.RELAY, self.pool, f"relay-{uuid.uuid4().hex[:6]}", LEASE_S)
+        return Relay(duty, self.url, self.stream, SOURCE, keep_days=7)
+
+    async def batch(self, relay: Relay, conn: Any = None) -> list[str]:
+        """One batch as the duty's holder (a running relay holds it throughout)."""
+        async with relay.duty.hold() as tenure:
+            assert tenure is not None
+            return await relay.relay_batch(conn or self.pool, tenure)
+        raise AssertionError("the duty was lost")
 
     async def entries(self) -> list[dict[str, Any]]:
         rows = await self.redis.xrange(self.stream.key)
@@ -113,7 +124,7 @@ async def test_every_terminal_outcome_is_one_cloudevent_with_the_photo_row(box: 
     )
     await rerender_claimed(box.pool, first)
     assert await db.record_rerender_failure(box.pool, first, "2-0", "w1", "timeout", "slow")
-    await box.relay().relay_batch(box.pool)
+    await box.batch(box.relay())
     events = await box.entries()
     assert [e["type"].rsplit(".", 1)[1] for e in events] == [
         "published", "rerendered", "failed", "rerender_failed"]  # fmt: skip
@@ -144,7 +155,7 @@ async def test_a_rolled_back_publish_leaves_no_event_and_no_notification(box: Ou
         await anyio.sleep(0.3)
         assert not listener.is_closed()
     assert heard == [] and await box.rows() == []
-    assert await box.relay().relay_batch(box.pool) == []
+    assert await box.batch(box.relay()) == []
 
 
 async def test_an_outcome_that_changes_nothing_writes_no_event(box: Outbox) -> None:
@@ -160,15 +171,15 @@ async def test_a_relay_killed_before_marking_sends_again_with_the_same_id(box: O
     await published(box.pool)
     pending = await outbox.unpublished(box.pool, 10)
     await box.stream.append([json.dumps(outbox.envelope(e, SOURCE)) for e in pending])
-    await box.relay().relay_batch(box.pool)
+    await box.batch(box.relay())
     ids = [e["id"] for e in await box.entries()]
     assert len(ids) == 2 and ids[0] == ids[1] == str(pending[0].event_id)
-    assert await box.relay().relay_batch(box.pool) == []  # marked now: not sent a third time
+    assert await box.batch(box.relay()) == []  # marked now: not sent a third time
 
 
 async def test_the_relay_wakes_on_commit_and_keeps_each_photos_order(box: Outbox) -> None:
     """A running relay publishes on the commit, not at its next idle pass, in order per photo; a
-    second relay waits for the lock instead of publishing too."""
+    second relay waits for the duty instead of publishing too."""
     one, other = box.relay(), box.relay()
     relayed = REGISTRY.get_sample_value("darkroom_events_relayed_total") or 0
     async with anyio.create_task_group() as tg:
@@ -299,8 +310,8 @@ async def test_a_batch_sent_before_postgresql_failed_is_marked_not_sent_again(
     async with outbox.listening(box.url, lambda payload: None) as conn:
         await conn.execute("SET default_transaction_read_only = on")
         with pytest.raises(DatabaseUnavailableError):
-            await relay.relay_batch(conn)
-    assert await relay.relay_batch(box.pool) == []
+            await box.batch(relay, conn)
+    assert await box.batch(relay) == []
     assert len(await box.entries()) == 1
     assert all(r["published_at"] is not None for r in await box.rows())
 
@@ -308,8 +319,8 @@ async def test_a_batch_sent_before_postgresql_failed_is_marked_not_sent_again(
 async def test_another_relay_takes_over_when_the_relaying_one_loses_its_connection(
     box: Outbox,
 ) -> None:
-    """The lock goes with the relay's connection: a relay (the waiting one, or the first once
-    reconnected) takes it within seconds and sends what committed meanwhile."""
+    """A relay whose connection is lost gives its duty up: a relay (the waiting one, or the
+    first once reconnected) takes it within seconds and sends what committed meanwhile."""
     one, other = box.relay(), box.relay()
     async with anyio.create_task_group() as tg:
         tg.start_soon(one.run)
@@ -317,10 +328,10 @@ async def test_another_relay_takes_over_when_the_relaying_one_loses_its_connecti
         tg.start_soon(other.run)
         await anyio.sleep(0.3)
         await box.pool.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks"  # this test's database only
-            " WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid() AND database ="
-            " (SELECT oid FROM pg_database WHERE datname = current_database())"
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"  # this test's database only
+            " WHERE pid <> pg_backend_pid() AND datname = current_database()"
         )
+        await anyio.sleep(0.3)  # the pool sees its other connections closed
         await published(box.pool)
         await until_async(box.entries, 1)
         assert other.holding or one.holding

@@ -17,11 +17,8 @@ import pytest
 from tests.conftest import PHOTOS, Env
 
 SMALL = PHOTOS / "4.webp"
-# The feeder lock held in this test's own database (pg_locks shows every database's: another
-# database's feeder on the same server must not count as this test's worker feeding).
-FEEDER_LOCK = "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = " \
-    "hashtext('darkroom:feeder')::oid AND database = " \
-    "(SELECT oid FROM pg_database WHERE datname = current_database())"  # fmt: skip
+# The feeder's duty held: a live lease in this test's own database.
+FEEDER_LOCK = "SELECT 1 FROM darkroom_duties WHERE name = 'feeder' AND expires_at > now()"
 
 
 def store_original(env: Env) -> tuple[uuid.UUID, str]:
@@ -180,10 +177,12 @@ def test_rows_with_over_long_tenants_from_before_the_constraint_are_rendered(fil
 
 
 def test_a_dead_feeder_is_replaced(file_env: Env) -> None:
-    """Kill the worker that feeds: another takes the lock and enqueues new rows."""
-    start_feeding(file_env)
+    """Kill the worker that feeds: another takes the duty once its lease runs out and
+    enqueues new rows."""
+    lease = {"DARKROOM_DUTY_LEASE_S": "2"}  # the killed holder never releases it
+    start_feeding(file_env, **lease)
     first = file_env.procs[0]
-    file_env.start("run")
+    file_env.start("run", **lease)
     first.kill()
     first.communicate()
     photo_id = insert_row(file_env)
@@ -205,8 +204,9 @@ def test_pg_intake_off_leaves_interactive_rows_but_feeds_bulk(file_env: Env) -> 
     assert file_env.redis.xlen(file_env.stream) == 0
 
 
-def test_a_stopped_worker_gives_the_feeder_lock_up(file_env: Env) -> None:
-    """SIGTERM: the worker exits promptly, and its feeder's lock is free for the next one."""
+def test_a_stopped_worker_gives_the_feeder_duty_up(file_env: Env) -> None:
+    """SIGTERM: the worker exits promptly, and its feeder's lease is ended for the next one
+    (not left to run out)."""
     start_feeding(file_env)
     proc = file_env.procs[0]
     proc.terminate()

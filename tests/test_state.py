@@ -8,13 +8,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
 import pytest
 import redis.asyncio
 
 from darkroom import sweeper
 from darkroom.queue.streams import Streams
-from darkroom.store import db
+from darkroom.store import db, duties
 from tests.conftest import PHOTOS, REDIS_URL, Env
 
 
@@ -166,51 +165,15 @@ async def test_sweep_leaves_photos_queued_behind_a_backlog(store: Store) -> None
     assert await sweeper.sweep(store.pool, store.streams, -3600) == []
 
 
-async def test_sweep_runs_one_at_a_time(store: Store, database_url: str) -> None:
-    """While another process holds the sweep lock, a sweep does nothing."""
+async def test_sweep_runs_one_at_a_time(store: Store) -> None:
+    """While another process holds the sweep's duty, a sweep does nothing; once that
+    holder lets it go, the next sweep runs."""
     await new_photo(store.pool, age_s=600)
-    holder = await asyncpg.connect(database_url)
-    try:
-        await holder.execute("SELECT pg_advisory_lock(hashtext($1))", sweeper.SWEEP_LOCK)
-        assert await sweeper.sweep(store.pool, store.streams, 60) == []
-    finally:
-        await holder.close()
+    token = await duties.acquire(store.pool, duties.SWEEP, "another-worker", 30)
+    assert token is not None
+    assert await sweeper.sweep(store.pool, store.streams, 60) == []
+    assert await duties.release(store.pool, duties.Fence(duties.SWEEP, "another-worker", token))
     assert len(await sweeper.sweep(store.pool, store.streams, 60)) == 1
-
-
-async def test_a_lock_holder_cancelled_leaves_no_lock_on_a_pooled_connection(
-    store: Store, database_url: str
-) -> None:
-    """Pooled connections are given back without a reset statement: a holder cancelled
-    while it holds a session lock must not leave the lock on the connection it gives back
-    (the next sweep, on that connection or any other, would never run)."""
-    import anyio
-
-    with anyio.CancelScope() as scope:
-        async with db.advisory_lock(store.pool, "darkroom:test-lock") as conn:
-            assert conn is not None
-            scope.cancel()
-            await anyio.sleep(1)
-    other = await asyncpg.connect(database_url)
-    try:
-        taken = False
-        for _ in range(100):  # a terminated session's locks go with its backend
-            taken = await other.fetchval(
-                "SELECT pg_try_advisory_lock(hashtext('darkroom:test-lock'))"
-            )
-            if taken:
-                break
-            await anyio.sleep(0.05)
-        assert taken
-        # and every connection the pool hands out holds no advisory lock at all
-        for _ in range(4):
-            held = await store.pool.fetchval(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                " AND pid = pg_backend_pid()"
-            )
-            assert held == 0
-    finally:
-        await other.close()
 
 
 def test_failure_whose_dead_letter_was_never_written_gets_it(file_env: Env, tmp_path: Path) -> None:

@@ -104,6 +104,8 @@ def test_overview_shows_what_the_database_holds(file_env: Env, page: Page) -> No
         expect(cell).to_have_text(str(row["n"]))
     expect(page.locator("#failures [data-code=unsupported_format]")).to_have_text("1")
     expect(page.locator("svg.chart rect.ok").first).to_be_attached()
+    [feeder] = query(file_env, "SELECT holder, token FROM darkroom_duties WHERE name = 'feeder'")
+    expect(page.locator("#duties")).to_contain_text(feeder["holder"])
     if SCREENSHOTS:
         page.screenshot(path=f"{SCREENSHOTS}/web-overview-test.png", full_page=True)
 
@@ -216,6 +218,7 @@ def test_json_api_returns_the_status_and_a_photo(file_env: Env) -> None:
     assert status["failures"] == {"unsupported_format": 1} and status["dead_letters"] == 1
     assert sum(p for _, p, _ in status["throughput"]["per_minute"]) == 1
     assert len(status["throughput"]["per_hour"]) == 24
+    assert {"feeder", "relay", "sweep"} <= {d["name"] for d in status["duties"]}
     photo = httpx.get(f"{base}/api/photos/{bad_id}").json()
     assert (photo["error_code"], photo["attempt"]) == ("unsupported_format", 1)
     assert photo["last_error"] and photo["renditions"] == []

@@ -2,11 +2,14 @@
 rows (PostgreSQL-only producers) go to DARKROOM_STREAM once their producer's own XADD had
 INTAKE_GRACE_MS to be claimed; bulk rows go to the bulk stream in the scheduler's fair
 order, never more than DARKROOM_BULK_AHEAD undelivered. One feeder at a time across all
-workers (a session lock on a dedicated connection that also LISTENs on darkroom_intake).
+workers: the holder of the feeder's leased duty (duty.py), which LISTENs on darkroom_intake
+on a dedicated connection while it holds it.
 
-Ordering hazards: the job row before the XADD (a claim must find it to lock); the XADD
+Ordering hazards: the job row before the XADD (a claim must find it to lock), written under
+the duty's fence: a feeder that lost its lease learns it there and XADDs nothing; the XADD
 before the row is marked fed: a feeder that dies in between leaves a duplicate entry
-(harmless: its claim answers `busy` or `already`), never a lost photo.
+(harmless: its claim answers `busy` or `already`), never a lost photo. The mark is not
+fenced: it records an XADD that happened, and refusing it would only feed the photo twice.
 """
 
 from __future__ import annotations
@@ -18,22 +21,20 @@ import anyio
 import structlog
 
 from darkroom import metrics
-from darkroom.errors import DarkroomError
+from darkroom.duty import Duty, Tenure
 from darkroom.health import Clock, RealClock
 from darkroom.queue.lanes import entry_tenant
 from darkroom.queue.messages import task_fields
-from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.scheduler import Pending, Refill, Scheduler
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
-from darkroom.store import db, intake
+from darkroom.store import db, duties, intake
 
 log = structlog.get_logger("darkroom.feeder")
 
 # A producer that inserts and XADDs gets this long for its own entry to be claimed before
 # the intake enqueues the row too (the duplicate would be harmless, but costs a delivery).
 INTAKE_GRACE_MS = 250
-LOCK_RETRY_S = 1.0  # how soon a live worker takes over from a dead feeder
 CATCH_UP_S = 2.0  # interactive rows whose notification nobody heard
 TENANT_SCAN_S = 30.0  # bulk tenants whose notification nobody heard
 BULK_POLL_S = 0.1  # how often the bulk stream's backlog is checked while tenants wait
@@ -49,19 +50,22 @@ class Feeder:
     pool: db.Pool
     streams: Streams
     stopping: anyio.Event
+    holder: str
     clock: Clock = field(default_factory=RealClock)
     _notified: set[uuid.UUID] = field(default_factory=set)
     _due_at: float | None = None
     _woken: anyio.Event = field(default_factory=anyio.Event)
+    _tenure: Tenure | None = None  # this worker's holding of the duty, while it feeds
 
     def __post_init__(self) -> None:
         s = self.settings
         self.bulk = self.streams.for_lane("bulk")
         self.named = frozenset(dict(s.tenant_weights))
         self.scheduler = self._new_scheduler()
+        self.duty = Duty(duties.FEEDER, self.pool, self.holder, s.duty_lease_s)
 
     def stop(self) -> None:
-        """Stop feeding and give the lock up (the worker's stop sets the same event)."""
+        """Stop feeding and give the duty up (the worker's stop sets the same event)."""
         self.stopping.set()
         self._woken.set()
 
@@ -70,24 +74,14 @@ class Feeder:
         return Scheduler(dict(s.tenant_weights), s.tenant_max_in_flight)
 
     async def run(self) -> None:
-        """Until stopped: take the feeder's lock when free, then feed while it is held."""
-        backoff, throttle = Backoff(LOCK_RETRY_S, 30.0), Throttle(10.0)
-        while not self.stopping.is_set():
-            try:
-                async with intake.feeder_session(self.settings.database_url, self._heard) as conn:
-                    if conn is not None:
-                        log.info("feeding", pg_intake=self.settings.pg_intake)
-                        await self._serve(conn)
-                backoff.reset()
-                await self.clock.sleep(LOCK_RETRY_S, self.stopping)
-            except DarkroomError as exc:
-                if (quiet := throttle.allow(exc.code, self.clock.now())) is not None:
-                    log.warning("feeder failed", error_code=exc.code, error=str(exc),
-                                repeats_not_logged=quiet)  # fmt: skip
-                await self.clock.sleep(backoff.next_s(), self.stopping)
-            except Exception:  # a bug must not end the worker: the feeder backs off
-                log.exception("feeder failed unexpectedly")
-                await self.clock.sleep(backoff.next_s(), self.stopping)
+        """Until stopped: feed while this worker holds the feeder's duty (a failure gives
+        it up and backs off: duty.py)."""
+        await self.duty.run(self._feed, self.stopping)
+
+    async def _feed(self, tenure: Tenure) -> None:
+        async with intake.listening(self.settings.database_url, self._heard) as conn:
+            log.info("feeding", pg_intake=self.settings.pg_intake, token=tenure.fence.token)
+            await self._serve(conn, tenure)
 
     def _heard(self, payload: str) -> None:
         """A committed insert: due after the grace (its producer may XADD it meanwhile)."""
@@ -101,12 +95,13 @@ class Feeder:
             self._due_at = self.clock.now() + INTAKE_GRACE_MS / 1000
             self._woken.set()
 
-    async def _serve(self, conn: intake.Connection) -> None:
+    async def _serve(self, conn: intake.Connection, tenure: Tenure) -> None:
         """State is rebuilt from PostgreSQL on every takeover: a dead feeder's is lost."""
         self.scheduler = self._new_scheduler()
+        self._tenure = tenure
         await self.bulk.ensure_group()
         next_catch_up = next_scan = self.clock.now()
-        while not self.stopping.is_set():
+        while not self.stopping.is_set() and tenure.live():
             now = self.clock.now()
             if now >= next_scan:
                 await self._scan_tenants(conn)
@@ -141,7 +136,8 @@ class Feeder:
         """Every interactive row due, a page at a time."""
         while rows := await intake.due_interactive(conn, INTAKE_GRACE_MS, PAGE):
             for row in rows:
-                await self._enqueue(conn, self.streams, row["id"], task_fields(row["id"]))
+                if not await self._enqueue(conn, self.streams, row["id"], task_fields(row["id"])):
+                    return
                 metrics.INTAKE_LAG_SECONDS.observe(row["age_s"])
             metrics.FED.labels("interactive").inc(len(rows))
             log.info("enqueued rows nobody XADDed", count=len(rows))
@@ -150,10 +146,19 @@ class Feeder:
 
     async def _enqueue(
         self, conn: intake.Connection, streams: Streams, photo_id: uuid.UUID, fields: dict[str, str]
-    ) -> None:
-        await intake.prepare_jobs(conn, [photo_id])
+    ) -> bool:
+        """Checked before each photo: locally (a process that was frozen stops here), then by
+        the fenced job row; False: the duty is lost (its work is being cancelled), no XADD."""
+        tenure = self._tenure
+        assert tenure is not None  # set by _serve, the only way here
+        if not tenure.live():
+            return False
+        if not await intake.prepare_jobs(conn, [photo_id], tenure.fence):
+            tenure.lose("write_refused")
+            return False
         entry_id = await streams.enqueue(fields)
         await db.record_requeued(conn, photo_id, entry_id)  # sets enqueued_at
+        return True
 
     # -- bulk: fair feeding ---------------------------------------------------------------
 
@@ -179,7 +184,8 @@ class Feeder:
             if photo is None:
                 break
             fields = {**task_fields(photo.photo_id), "tenant": entry_tenant(photo.tenant)}
-            await self._enqueue(conn, self.bulk, photo.photo_id, fields)
+            if not await self._enqueue(conn, self.bulk, photo.photo_id, fields):
+                return
             metrics.FED.labels("bulk").inc()
         metrics.BULK_TENANTS.set(len(self.scheduler))
 

@@ -60,6 +60,13 @@ EVENTS_LAG_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
 EVENTS_RELAY = Gauge("darkroom_events_relay", "1 while this worker relays photo events")
+# leased duties (duty.py): a label per duty, a handful of series
+DUTY_HELD = Gauge("darkroom_duty_held", "1 while this worker holds the duty's lease", ["duty"])
+DUTY_LOST = Counter(
+    "darkroom_duty_lost_total",
+    "Leases this worker lost while holding (refused or unrenewed)",
+    ["duty"],
+)
 
 # ---- lanes (issue 13) ----
 QUEUE_WAIT_SECONDS = Histogram(

@@ -4,7 +4,8 @@ gathered meanwhile, finished as `published` by the publishing commit itself, or 
 UPDATE when it ends otherwise (store/history.py holds the SQL).
 The UPDATE is best effort: a failed one is logged, never the photo's failure nor more than
 one statement's delay.
-And the history's retention: batched deletes of the expired days, one worker at a time.
+And the history's retention: batched deletes of the expired days, by the holder of its
+leased duty (duty.py). Unfenced: deleting rows past retention is safe to repeat.
 """
 
 from __future__ import annotations
@@ -19,18 +20,20 @@ import anyio
 import structlog
 
 from darkroom import metrics
+from darkroom.duty import Duty, process_holder
 from darkroom.errors import DarkroomError
 from darkroom.queue.messages import Entry, parse_task
-from darkroom.store import db, history
+from darkroom.store import db, duties, history
 
 log = structlog.get_logger("darkroom.recorder")
 
-PRUNE_LOCK = "darkroom:history-prune"
 PRUNE_EVERY_S = 600.0
 # A batch is one short DELETE (about 60 ms for 5,000 rows here, docs/benchmarks.md); the
 # pause between batches leaves the database to the workers.
 PRUNE_BATCH = 5000
 PRUNE_PAUSE_S = 0.1
+# The lease of a prune run outside a worker (a test, a tool): the worker passes its own duty.
+ONE_OFF_LEASE_S = 10.0
 
 
 @dataclass
@@ -119,13 +122,14 @@ def _photo_id(entry: Entry) -> uuid.UUID | None:
         return None
 
 
-async def prune_expired(pool: db.Pool, keep_days: float) -> int:
+async def prune_expired(pool: db.Pool, keep_days: float, duty: Duty | None = None) -> int:
     """Delete the rows older than `keep_days`, batch by batch; how many (0 when another
-    worker holds the lock)."""
+    worker holds the duty; a lost duty stops before the next batch)."""
+    duty = duty or Duty(duties.PRUNE, pool, process_holder("prune"), ONE_OFF_LEASE_S)
     deleted = 0
-    async with db.advisory_lock(pool, PRUNE_LOCK) as conn:
-        while conn is not None:
-            batch = await history.prune_batch(conn, keep_days, PRUNE_BATCH)
+    async with duty.hold() as tenure:
+        while tenure is not None and tenure.live():
+            batch = await history.prune_batch(pool, keep_days, PRUNE_BATCH)
             deleted += batch
             if batch < PRUNE_BATCH:
                 break

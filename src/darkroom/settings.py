@@ -90,6 +90,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # probe (throttling, 5xx, dropped connections) before it fails with that dependency's code.
     transient_budget_s: float = 3600.0
     sweep_after_s: float = 300.0
+    # The lease of a single runner (feeder, relay, sweep, history prune: duty.py): a holder
+    # that stops renewing loses its duty to another worker within this plus one retry (2 s).
+    duty_lease_s: float = 10.0
     job_timeout_s: float = 120.0
     render_memory_mb: int = 2048
     max_pixels: int = 100_000_000
@@ -186,6 +189,7 @@ MINIMUMS: dict[str, float] = {
     "retry_base_ms": 100,
     "claim_idle_ms": 1000,  # the heartbeat beats every CLAIM_IDLE_MS/3
     "sweep_after_s": 1.0,  # younger photos may be between their commit and XADD
+    "duty_lease_s": 1.0,  # renewed every lease/3
     "job_timeout_s": 0.1,
     "render_memory_mb": 200,  # its own libraries (libvips, numpy) map ~190 MB before a photo
     "max_pixels": 1,
@@ -206,6 +210,10 @@ MINIMUMS: dict[str, float] = {
     "bulk_ahead": 1,
     "tenant_max_in_flight": 0,
 }
+
+
+# A longer lease would leave a frozen holder's duty (bulk feeding, events) stalled longer.
+MAX_DUTY_LEASE_S = 60.0
 
 
 def _bounded(field: str, kind: Callable[[str], T]) -> Callable[[str], T]:
@@ -317,6 +325,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "claim_idle_ms": _bounded("claim_idle_ms", int),
     "transient_budget_s": _bounded("transient_budget_s", float),
     "sweep_after_s": _bounded("sweep_after_s", float),
+    "duty_lease_s": _bounded("duty_lease_s", float),
     "job_timeout_s": _bounded("job_timeout_s", float),
     "render_memory_mb": _bounded("render_memory_mb", int),
     "max_pixels": _bounded("max_pixels", int),
@@ -402,6 +411,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     settings = Settings(**values)
     if settings.read_block_ms > 5000:
         raise SettingsError("DARKROOM_READ_BLOCK_MS", "must be at most 5000")
+    if settings.duty_lease_s > MAX_DUTY_LEASE_S:
+        raise SettingsError("DARKROOM_DUTY_LEASE_S", f"must be at most {MAX_DUTY_LEASE_S:g}")
     if settings.max_in_flight and settings.max_in_flight < settings.concurrency:
         raise SettingsError("DARKROOM_MAX_IN_FLIGHT", "must be at least DARKROOM_CONCURRENCY")
     _check_socket_timeout(settings)

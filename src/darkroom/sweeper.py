@@ -7,7 +7,8 @@ stream is newer than the photo's last activity. That covers a Redis restart with
 persistence, a producer that crashed between INSERT and XADD, and entries deleted while
 pending. Each photo is judged against its own lane's stream and goes back to its lane: an
 interactive one by XADD, a bulk one to the feeder (`enqueued_at = NULL`; one the feeder
-has not fed yet is not lost). One worker sweeps at a time (a Postgres advisory lock).
+has not fed yet is not lost). One worker sweeps at a time: the holder of the sweep's leased
+duty (duty.py), whose every requeue first takes the photo under the duty's fence.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from datetime import datetime
 from typing import Any
 
 from darkroom import metrics
+from darkroom.duty import Duty, Tenure, process_holder
 from darkroom.queue.messages import task_fields
 from darkroom.queue.streams import Streams
-from darkroom.store import db
+from darkroom.store import db, duties
 from darkroom.store import lanes as store_lanes
 
-SWEEP_LOCK = "darkroom:sweep"
 BATCH = 500
+# The lease of a pass run outside a worker (a test, a tool): the worker passes its own duty.
+ONE_OFF_LEASE_S = 10.0
 # Tolerated clock difference between the Redis and PostgreSQL hosts.
 CLOCK_MARGIN_MS = 5_000
 
@@ -42,50 +45,55 @@ def is_in_stream_of(photo: dict[str, Any], lane: str) -> bool:
     return bool(photo["lane"] == lane and not (lane == "bulk" and photo["unfed"]))
 
 
-async def sweep(pool: db.Pool, streams: Streams, after_s: float) -> list[uuid.UUID]:
-    """One full pass; returns the photos re-enqueued (none if another worker holds the
-    lock). Each re-enqueue commits on its own: a sweeper killed half-way leaves at most
-    one photo enqueued twice."""
-    async with db.advisory_lock(pool, SWEEP_LOCK) as conn:
-        if conn is None:
+async def sweep(
+    pool: db.Pool, streams: Streams, after_s: float, duty: Duty | None = None
+) -> list[uuid.UUID]:
+    """One full pass as the holder of the sweep's duty; returns the photos re-enqueued
+    (none if another worker holds it; those before the loss if this one loses it). Each
+    re-enqueue commits on its own: a sweeper killed half-way leaves at most one photo
+    enqueued twice."""
+    duty = duty or Duty(duties.SWEEP, pool, process_holder("sweep"), ONE_OFF_LEASE_S)
+    lost: list[uuid.UUID] = []
+    async with duty.hold() as tenure:
+        if tenure is None:
             return []
         with metrics.SWEEP_SECONDS.time():
-            return await _pass(conn, streams, await db.sweep_horizon(conn, after_s))
+            await _pass(pool, streams, await db.sweep_horizon(pool, after_s), tenure, lost)
+    return lost
 
 
-async def _pass(conn: db.Connection, streams: Streams, before: datetime) -> list[uuid.UUID]:
+async def _pass(
+    pool: db.Pool, streams: Streams, before: datetime, tenure: Tenure, lost: list[uuid.UUID]
+) -> None:
     """Keyset pages over (last_activity_at, id) below a horizon fixed at the start: each
     stale photo is read once. A photo touched during the pass (by this sweep or a worker)
     moves past the horizon (DARKROOM_SWEEP_AFTER_S > 0), so it is not read again."""
-    lost: list[uuid.UUID] = []
     page = db.FIRST_PAGE
-    while stale := await db.stale_photos(conn, before, BATCH, page):
+    while tenure.live() and (stale := await db.stale_photos(pool, before, BATCH, page)):
         metrics.SWEEP_SCANNED.inc(len(stale))
-        lost += await _requeue_lost(conn, streams, stale)
+        for view in streams.lanes():
+            mine = [p for p in stale if is_in_stream_of(p, view.lane)]
+            if mine:
+                lost += await _requeue_lost_of(pool, view, mine, before, tenure)
         page = (stale[-1]["last_activity_at"], stale[-1]["id"])
-    return lost
-
-
-async def _requeue_lost(
-    conn: db.Connection, streams: Streams, stale: list[dict[str, Any]]
-) -> list[uuid.UUID]:
-    lost: list[uuid.UUID] = []
-    for view in streams.lanes():
-        mine = [p for p in stale if is_in_stream_of(p, view.lane)]
-        if mine:
-            lost += await _requeue_lost_of(conn, view, mine)
-    return lost
 
 
 async def _requeue_lost_of(
-    conn: db.Connection, view: Streams, stale: list[dict[str, Any]]
+    pool: db.Pool, view: Streams, stale: list[dict[str, Any]], before: datetime, tenure: Tenure
 ) -> list[uuid.UUID]:
-    """The lost photos of one lane, judged against that lane's stream."""
+    """The lost photos of one lane, judged against that lane's stream; each taken under
+    the duty's fence first (a sweep that lost its duty stops before its XADD)."""
     oldest = await view.oldest_entry_ms()
     missing = await view.missing([p["stream_entry"] for p in stale if p["stream_entry"]])
-    lost = [p["id"] for p in stale if is_lost(p, oldest, missing)]
-    for photo_id in lost:
-        await requeue(conn, view, photo_id)
+    lost: list[uuid.UUID] = []
+    for photo_id in (p["id"] for p in stale if is_lost(p, oldest, missing)):
+        taken = await store_lanes.take_lost(pool, photo_id, before, tenure.fence)
+        if taken == "refused":
+            tenure.lose("write_refused")
+            break
+        if taken == "taken":
+            await requeue(pool, view, photo_id)
+            lost.append(photo_id)
     return lost
 
 

@@ -21,6 +21,7 @@ import structlog
 from anyio.abc import TaskGroup
 
 from darkroom import metrics, recorder, sweeper
+from darkroom.duty import Duty, process_holder
 from darkroom.errors import DarkroomError
 from darkroom.feeder import Feeder
 from darkroom.health import DEPENDENCIES, Clock, Gate, RealClock
@@ -33,7 +34,7 @@ from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.streams import Streams
 from darkroom.relay import Relay
 from darkroom.settings import Settings
-from darkroom.store import db, intake
+from darkroom.store import db, duties, intake
 from darkroom.store.storage import Storage
 
 log = structlog.get_logger("darkroom.worker")
@@ -87,10 +88,14 @@ class Worker:
         self.renderer = RenderPool.from_settings(self.settings)  # owns the render slots
         self.jobs = Jobs(self.settings, self.pool, self.streams, self.storage, self.gate,
                          self.renderer, self.stopping, self.in_flight)  # fmt: skip
-        self.relay = Relay.from_settings(self.settings, self.streams.client)
+        # This process as the holder of the single runners' duties (duty.py).
+        holder = process_holder(s.consumer)
+        self.sweep_duty = Duty(duties.SWEEP, self.pool, holder, s.duty_lease_s)
+        self.prune_duty = Duty(duties.PRUNE, self.pool, holder, s.duty_lease_s)
+        self.relay = Relay.from_settings(self.settings, self.streams.client, self.pool, holder)
         # Its own clock: the feeder's waits are not the intake's (a test's fake clock counts
         # the intake's backoff).
-        self.feeder = Feeder(self.settings, self.pool, self.streams, self.stopping)
+        self.feeder = Feeder(self.settings, self.pool, self.streams, self.stopping, holder)
 
     def stop(self) -> None:
         """First signal: stop reading; in-flight photos finish within the grace period."""
@@ -376,7 +381,9 @@ class Worker:
     async def _sweep(self) -> int:
         """One pass; its failure is logged and raised (the loop backs off, a drain counts)."""
         try:
-            photos = await sweeper.sweep(self.pool, self.streams, self.settings.sweep_after_s)
+            photos = await sweeper.sweep(
+                self.pool, self.streams, self.settings.sweep_after_s, self.sweep_duty
+            )
         except DarkroomError as exc:
             log.warning("sweep failed", error_code=exc.code, reason=exc.reason, error=str(exc))
             raise
@@ -391,7 +398,9 @@ class Worker:
             await anyio.sleep(recorder.PRUNE_EVERY_S)
             if self.gate.is_open() and not self.stopping.is_set():
                 try:
-                    await recorder.prune_expired(self.pool, self.settings.history_keep_days)
+                    await recorder.prune_expired(
+                        self.pool, self.settings.history_keep_days, self.prune_duty
+                    )
                 except DarkroomError as exc:
                     log.warning("history pruning failed", error_code=exc.code, error=str(exc))
                 except Exception:  # a bug must not end the worker

@@ -29,7 +29,9 @@ SEED = 20240611
 SETTINGS = {"DARKROOM_CONCURRENCY": "2", "DARKROOM_CLAIM_IDLE_MS": "3000",
             "DARKROOM_RETRY_BASE_MS": "200", "DARKROOM_MAX_ATTEMPTS": "5",
             "DARKROOM_SWEEP_AFTER_S": "5", "DARKROOM_SHUTDOWN_GRACE_S": "10",
-            "DARKROOM_JOB_TIMEOUT_S": "30"}  # fmt: skip
+            "DARKROOM_JOB_TIMEOUT_S": "30",
+            # a SIGKILLed holder's duties (feeder, relay) wait for their lease: keep it short
+            "DARKROOM_DUTY_LEASE_S": "3"}  # fmt: skip
 VALID = [*(f"Landscape_{i}.jpg" for i in range(1, 9)), "4.webp", "animated-loop-3.gif",
          "embedgravitybird.png", "png-alpha-64bit.png",
          "Channel_digital_image_CMYK_color.jpg"]  # fmt: skip

@@ -19,7 +19,7 @@ from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.services import services
 from darkroom.settings import Settings, servers
-from darkroom.store import db
+from darkroom.store import db, duties
 from darkroom.store import lanes as store_lanes
 
 # What a bulk (re-)enqueue prints instead of an entry id: the feeder enqueues it.
@@ -49,7 +49,8 @@ PAGE = 500
 
 async def status_report(pool: db.Pool, streams: Streams) -> dict[str, Any]:
     by_state, failures = await db.photo_counts(pool)
-    report = {**await streams.status(), "photos": by_state, "failures": failures}
+    report = {**await streams.status(), "photos": by_state, "failures": failures,
+              "duties": await duties.holders(pool)}  # fmt: skip
     mark_idle(report["consumers"])
     for lane in report["lanes"].values():
         lane["oldest_wait_s"] = oldest_wait_s(lane["oldest_entry_ms"], time.time())
@@ -90,12 +91,21 @@ def _format_status(report: dict[str, Any]) -> str:
         "consumers",
         *(f"  {c['name']:<40} pending={c['pending']:<6} idle_ms={c['idle_ms']}"
           + (stale if c["idle_past_bound"] else "") for c in report["consumers"]),
+        "duties (single runners: who holds each lease, since when, until when)",
+        *(_duty_line(d) for d in report.get("duties", [])),
         "photos by state",
         *(f"  {state:<20} {n}" for state, n in report["photos"].items()),
         "failures by error code",
         *(f"  {code:<20} {n}" for code, n in report["failures"].items()),
     ]  # fmt: skip
     return "\n".join(lines)
+
+
+def _duty_line(duty: dict[str, Any]) -> str:
+    left = duty["expires_in_s"]
+    until = f"expires_in_s={left}" if left > 0 else "expired (free to take)"
+    return (f"  {duty['name']:<14} {duty['holder']:<40} token={duty['token']:<5} "
+            f"since={duty['since'].isoformat(timespec='seconds')}  {until}")  # fmt: skip
 
 
 async def cmd_photos(settings: Settings, args: argparse.Namespace) -> int:

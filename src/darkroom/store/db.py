@@ -63,7 +63,7 @@ class PooledConnection(asyncpg.Connection):
     RESET ALL` on every connection given back, one more round trip per statement here
     (4 of a photo's 12, docs/performance.md). darkroom leaves no session state on a
     pooled connection: LISTENs are on dedicated connections, settings are transaction
-    local, and `advisory_lock` unlocks or terminates its connection. An open transaction
+    local, and no session lock is taken on them. An open transaction
     is still rolled back (asyncpg always does that, reset query or not)."""
 
     def get_reset_query(self) -> str:
@@ -740,7 +740,7 @@ FIRST_PAGE: Cursor = (datetime.min.replace(tzinfo=UTC), uuid.UUID(int=0))
 
 
 @translated
-async def sweep_horizon(conn: Connection, after_s: float) -> datetime:
+async def sweep_horizon(conn: Pool | Connection, after_s: float) -> datetime:
     """The database's now() minus `after_s`: a pass looks only at activity before it."""
     horizon: datetime = await conn.fetchval("SELECT now() - make_interval(secs => $1)", after_s)
     return horizon
@@ -748,7 +748,7 @@ async def sweep_horizon(conn: Connection, after_s: float) -> datetime:
 
 @translated
 async def stale_photos(
-    conn: Connection, before: datetime, limit: int, after: Cursor = FIRST_PAGE
+    conn: Pool | Connection, before: datetime, limit: int, after: Cursor = FIRST_PAGE
 ) -> list[dict[str, Any]]:
     return [dict(r) for r in await conn.fetch(STALE_SQL, before, limit, *after)]
 
@@ -798,32 +798,6 @@ async def record_requeued(
     """Remember the entry a photo was last enqueued through (the sweeper checks it) and
     when (the feeder enqueues no photo whose `enqueued_at` is set)."""
     await conn.execute(REQUEUED_SQL, photo_id, entry_id)
-
-
-@contextlib.asynccontextmanager
-async def advisory_lock(pool: Pool, name: str) -> AsyncIterator[Connection | None]:
-    """A connection holding a session try-lock (statements on it autocommit, one by one);
-    yields None if another process holds it. A dead holder's lock goes with its connection."""
-    with errors.map_exceptions(ERRORS):
-        async with pool.acquire() as conn:
-            if not await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", name):
-                yield None
-                return
-            try:
-                yield conn
-            finally:
-                await _unlock(conn, name)
-
-
-async def _unlock(conn: Connection, name: str) -> None:
-    """Unlock, or close the connection (its session's locks go with it): a pooled
-    connection is given back without a reset, so it must not keep the lock."""
-    unlocked = False
-    try:
-        unlocked = await conn.fetchval("SELECT pg_advisory_unlock(hashtext($1))", name)
-    finally:
-        if not unlocked:
-            conn.terminate()
 
 
 RESET_SQL = """

@@ -1,7 +1,8 @@
 """PostgreSQL for the feeder: the rows still to be enqueued (`enqueued_at IS NULL`, the
-photo unfinished), the bulk backlog by tenant, and the lock + LISTEN connection of the
-single feeder. Every query is served by a partial index of schema.sql's issue 14.5 block,
-so its cost follows the page, not the backlog. Driver errors become darkroom errors here.
+photo unfinished), the bulk backlog by tenant, and the LISTEN connection of the single
+feeder (the holder of its duty, duty.py). Every query is served by a partial index of
+schema.sql's issue 14.5 block, so its cost follows the page, not the backlog. Driver
+errors become darkroom errors here.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import asyncpg
 
 from darkroom import errors
 from darkroom.store.db import ERRORS, Pool, translated
+from darkroom.store.duties import Fence, fenced
 
 INTAKE_CHANNEL = "darkroom_intake"
-FEEDER_LOCK = "darkroom:feeder"
 CLOSE_TIMEOUT_S = 5.0
 Connection = asyncpg.Connection
 Notified = Callable[[str], None]
@@ -100,10 +101,17 @@ SELECT EXISTS (SELECT 1 FROM photos
 # Before the XADD: the job row exists, so a worker that reads the entry at once finds it to
 # lock (a claim racing the insert of the job row by record_requeued answers `busy`, and
 # the entry would wait DARKROOM_CLAIM_IDLE_MS).
-PREPARE_JOBS_SQL = """
-INSERT INTO photo_jobs (photo_id, type, state)
-SELECT id, 'process', 'pending' FROM unnest($1::uuid[]) AS t(id)
-ON CONFLICT (photo_id, type) DO NOTHING
+# Fenced ($2..$4, the feeder's duty): a feeder that lost its lease writes nothing and
+# learns it here, before its XADD. Whether the fence held, whatever the insert did.
+PREPARE_JOBS_SQL = f"""
+WITH fence AS (SELECT {fenced(2)} AS held),
+jobs AS (
+    INSERT INTO photo_jobs (photo_id, type, state)
+    SELECT id, 'process', 'pending' FROM unnest($1::uuid[]) AS t(id)
+    WHERE (SELECT held FROM fence)
+    ON CONFLICT (photo_id, type) DO NOTHING
+)
+SELECT held FROM fence
 """
 
 
@@ -140,21 +148,18 @@ async def has_unfed(pool: Pool, interactive: bool) -> bool:
 
 
 @translated
-async def prepare_jobs(conn: Connection, photo_ids: list[uuid.UUID]) -> None:
-    await conn.execute(PREPARE_JOBS_SQL, photo_ids)
+async def prepare_jobs(conn: Connection, photo_ids: list[uuid.UUID], fence: Fence) -> bool:
+    """The job rows, before the XADD; False (nothing written): the feeder's duty is lost."""
+    return bool(await conn.fetchval(PREPARE_JOBS_SQL, photo_ids, *fence.args))
 
 
 @contextlib.asynccontextmanager
-async def feeder_session(url: str, on_notify: Notified) -> AsyncIterator[Connection | None]:
-    """A dedicated connection holding the feeder's session lock and listening on the intake
-    channel; None if another process holds the lock. A dead holder's lock goes with its
-    connection, so a live worker's next try takes it over."""
+async def listening(url: str, on_notify: Notified) -> AsyncIterator[Connection]:
+    """The feeder's dedicated connection, listening on the intake channel (a pooled one
+    would lose its LISTEN when given back). Only the feeder's holder opens it (duty.py)."""
     with errors.map_exceptions(ERRORS):
         conn = await asyncpg.connect(url, timeout=10, command_timeout=30)
         try:
-            if not await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", FEEDER_LOCK):
-                yield None
-                return
             await conn.add_listener(INTAKE_CHANNEL, lambda *args: on_notify(str(args[3])))
             yield conn
         finally:

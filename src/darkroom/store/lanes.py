@@ -1,4 +1,5 @@
-"""PostgreSQL of the lanes: a photo's lane and tenant, and handing a photo to the feeder.
+"""PostgreSQL of the lanes: a photo's lane and tenant, handing a photo to the feeder, and
+the sweep's fenced take of a lost photo before it goes back into its lane.
 
 The one rule (docs/lanes.md): an unfinished photo whose `enqueued_at` is NULL is put into
 its lane's stream by the feeder. So a bulk (re-)enqueue is `enqueued_at = NULL` plus a
@@ -9,8 +10,11 @@ db.record_requeued sets `enqueued_at`.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
+from typing import Literal
 
 from darkroom.store.db import Connection, Pool, translated
+from darkroom.store.duties import Fence, fenced
 from darkroom.store.intake import FEEDABLE, INTAKE_CHANNEL
 
 # A new photo; an interactive one counts as enqueued now (its producer XADDs it next, and
@@ -43,6 +47,23 @@ RETURNING lane
 
 LANE_SQL = "SELECT lane FROM photos WHERE id = $1"
 
+# Before the sweep re-enqueues a photo it judged lost: still unfinished, untouched since
+# the pass's horizon ($2), and the sweep's duty still held ($3..$5). It moves
+# last_activity_at, so the photo is not judged again for DARKROOM_SWEEP_AFTER_S: a sweep
+# killed before its requeue delays the photo by that much, never loses it.
+TAKE_LOST_SQL = f"""
+WITH fence AS (SELECT {fenced(3)} AS held),
+taken AS (
+    UPDATE photos SET last_activity_at = now()
+    WHERE id = $1 AND processing_state IN ('uploaded', 'processing') AND last_activity_at < $2
+      AND (SELECT held FROM fence)
+    RETURNING id
+)
+SELECT CASE WHEN NOT (SELECT held FROM fence) THEN 'refused'
+            WHEN EXISTS (SELECT 1 FROM taken) THEN 'taken' ELSE 'moved' END
+"""
+Taken = Literal["taken", "moved", "refused"]
+
 
 @translated
 async def insert_photo(
@@ -72,3 +93,13 @@ async def lane_of(conn: Pool | Connection, photo_id: uuid.UUID) -> str | None:
     """The photo's lane; None if it is gone."""
     lane: str | None = await conn.fetchval(LANE_SQL, photo_id)
     return lane
+
+
+@translated
+async def take_lost(
+    conn: Pool | Connection, photo_id: uuid.UUID, before: datetime, fence: Fence
+) -> Taken:
+    """`taken`: re-enqueue it; `moved`: it made progress since the page was read (or
+    finished), leave it; `refused`: the sweep's duty is lost, nothing was written."""
+    outcome: Taken = await conn.fetchval(TAKE_LOST_SQL, photo_id, before, *fence.args)
+    return outcome

@@ -17,9 +17,9 @@ import asyncpg
 
 from darkroom import errors
 from darkroom.store.db import ERRORS, translated
+from darkroom.store.duties import Fence, fenced
 
 CHANNEL = "darkroom_events"
-RELAY_LOCK = "darkroom:relay"
 
 Conn = Any  # an asyncpg connection (dedicated or pooled) or pool: each has fetch/execute
 
@@ -39,7 +39,15 @@ COLUMNS = "id, event_id, photo_id, type, data::text AS data, created_at"
 UNPUBLISHED_SQL = f"""
 SELECT {COLUMNS} FROM photo_events WHERE published_at IS NULL ORDER BY id LIMIT $1
 """
-MARK_SQL = "UPDATE photo_events SET published_at = now() WHERE id = ANY($1::bigint[])"
+# Fenced ($2..$4, the relay's duty): whether the fence held, whatever the update did.
+MARK_SQL = f"""
+WITH fence AS (SELECT {fenced(2)} AS held),
+marked AS (
+    UPDATE photo_events SET published_at = now()
+    WHERE id = ANY($1::bigint[]) AND (SELECT held FROM fence)
+)
+SELECT held FROM fence
+"""
 AFTER_SQL = f"SELECT {COLUMNS} FROM photo_events WHERE id > $1 ORDER BY id LIMIT $2"
 BY_IDS_SQL = f"SELECT {COLUMNS} FROM photo_events WHERE id = ANY($1::bigint[]) ORDER BY id"
 SEQ_OF_SQL = "SELECT id FROM photo_events WHERE event_id = $1"
@@ -69,8 +77,9 @@ async def unpublished(conn: Conn, limit: int) -> list[Event]:
 
 
 @translated
-async def mark_published(conn: Conn, seqs: list[int]) -> None:
-    await conn.execute(MARK_SQL, seqs)
+async def mark_published(conn: Conn, seqs: list[int], fence: Fence) -> bool:
+    """False (nothing marked): the relay's duty was taken over, or its lease ran out."""
+    return bool(await conn.fetchval(MARK_SQL, seqs, *fence.args))
 
 
 @translated
@@ -124,12 +133,6 @@ async def listening(
 async def ping(conn: Conn) -> None:
     """A listener idle for long checks its connection is still there."""
     await conn.fetchval("SELECT 1")
-
-
-@translated
-async def try_lock(conn: Conn) -> bool:
-    """The relay's session lock; it goes with the connection (a dead relay's included)."""
-    return bool(await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", RELAY_LOCK))
 
 
 def notice(payload: str) -> dict[str, Any]:
