@@ -434,7 +434,7 @@ class Jobs:
         """Record the final failure, then the dead letter. When the photo is already
         terminal or gone (its one dead letter, if any, exists already) only an ack:
         `already`, or `rerender_failed` when a re-render of a processed photo failed (the
-        job records the code; the photo stays as it was, with its request set). When this
+        job records the code; the photo keeps its renditions, the request is answered). When this
         delivery does not hold the job's lease (another process reclaimed the entry, or it
         never claimed), nothing: `not_owner`, the entry stays pending for its owner."""
         photo_id = _photo_id(entry)
