@@ -317,3 +317,23 @@ CREATE TABLE IF NOT EXISTS darkroom_duties (
     expires_at  timestamptz NOT NULL
 );
 -- ---- end of leased duties -------------------------------------------------------------------
+
+-- ---- fencing tokens and re-render generations ----------------------------------------------
+-- photo_jobs.lease_token: the fencing token of the job's lease. Every claim that takes the
+-- job grants the next one (it only grows), and every write its holder makes is conditioned
+-- on it (store/leases.py, store/publishing.py): a holder that froze past its lease, whose
+-- job was claimed again since, matches no row. photo_jobs.generation: the re-render
+-- generation the claim renders. photos.rerender_generation counts the re-render requests; a
+-- publish (or a failed re-render) answers those up to its claim's generation, so a request
+-- made during a render is rendered again, once. Constant defaults: added in place, nothing
+-- rewritten; an existing request (generation 0) is answered by the next render as before.
+ALTER TABLE photo_jobs
+    ADD COLUMN IF NOT EXISTS lease_token bigint NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS generation  bigint NOT NULL DEFAULT 0;
+ALTER TABLE photos ADD COLUMN IF NOT EXISTS rerender_generation bigint NOT NULL DEFAULT 0;
+-- An interactive re-render still to do after its render ended (requested meanwhile): its
+-- publish cleared enqueued_at; the worker XADDs it at once, the intake if that worker died.
+CREATE INDEX IF NOT EXISTS photos_rerender_due_idx ON photos (updated_at, id)
+    WHERE enqueued_at IS NULL AND lane = 'interactive'
+      AND processing_state = 'processed' AND rerender_requested_at IS NOT NULL;
+-- ---- end of fencing tokens -----------------------------------------------------------------

@@ -30,7 +30,7 @@ from report import machine, write_section
 
 from darkroom.queue.eventstream import EventStream
 from darkroom.relay import Relay
-from darkroom.store import db
+from darkroom.store import db, leases, publishing
 
 FACTS = {"width": 4000, "height": 3000, "format": "jpeg", "bytes": 5_000_000}
 RENDITIONS = json.dumps([{"name": "thumb", "key": "renditions/x/thumb.webp", "format": "webp",
@@ -45,20 +45,25 @@ async def admin(pg: str, sql: str) -> None:
         await conn.close()
 
 
-async def claimed(pool: db.Pool, count: int) -> list[uuid.UUID]:
-    ids = [uuid.uuid4() for _ in range(count)]
-    for photo_id in ids:
+async def claimed(pool: db.Pool, count: int) -> list[leases.Claim]:
+    claims = []
+    for photo_id in [uuid.uuid4() for _ in range(count)]:
         await db.insert_photo(pool, photo_id, f"originals/{photo_id}")
-        await db.claim(pool, photo_id, "1-0", "bench")
-    return ids
+        claims.append(await leases.claim(pool, photo_id, "1-0", "bench"))
+    return claims
+
+
+async def publish(pool: db.Pool, claim: leases.Claim) -> None:
+    """Publish under the claim's lease (its token, through entry 1-0)."""
+    await publishing.publish(pool, claim.photo_id, FACTS, RENDITIONS, (claim.token, "1-0"))
 
 
 async def quiet(pool: db.Pool, client: Any, key: str, count: int) -> dict[str, list[float]]:
-    ids, last = await claimed(pool, count), "0-0"
+    claims, last = await claimed(pool, count), "0-0"
     to_xadd, to_read = [], []
-    for photo_id in ids:
+    for claim in claims:
         await anyio.sleep(0.02)
-        await db.publish(pool, photo_id, FACTS, RENDITIONS)
+        await publish(pool, claim)
         committed_ms = time.time() * 1000
         reply = await client.xread({key: last}, count=1, block=5000)
         read_ms = time.time() * 1000
@@ -70,21 +75,21 @@ async def quiet(pool: db.Pool, client: Any, key: str, count: int) -> dict[str, l
 
 async def burst(pool: db.Pool, client: Any, key: str, count: int) -> tuple[float, float]:
     """(seconds the writers took, seconds from the last commit to the last XADD)."""
-    ids = await claimed(pool, count)
+    claims = await claimed(pool, count)
     before = await client.xlen(key)
     started = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for part in range(8):
-            tg.start_soon(publish_all, pool, ids[part::8])
+            tg.start_soon(publish_all, pool, claims[part::8])
     committed = time.perf_counter()
     while await client.xlen(key) < before + count:  # noqa: ASYNC110 (a bench, polling Redis)
         await anyio.sleep(0.005)
     return committed - started, time.perf_counter() - committed
 
 
-async def publish_all(pool: db.Pool, ids: list[uuid.UUID]) -> None:
-    for photo_id in ids:
-        await db.publish(pool, photo_id, FACTS, RENDITIONS)
+async def publish_all(pool: db.Pool, claims: list[leases.Claim]) -> None:
+    for claim in claims:
+        await publish(pool, claim)
 
 
 def quantiles(values: list[float]) -> str:

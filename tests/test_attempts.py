@@ -1,7 +1,8 @@
 """What counts as an attempt, in PostgreSQL (issue 12), against the real server: a claim
 counts once per worker process, never while another consumer's live process holds the job,
 and never past the run's cap; a stop gives the attempt back; the transient streak outlives
-claims and ends with an outcome."""
+claims and ends with an outcome. Every claim grants the next fencing token, and a holder's
+writes under an older one change nothing."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from darkroom.store import db
+from darkroom.store import db, leases
 
 MAX = 2
 
 
-def lease(holder: str, ms: int = 60_000) -> db.Lease:
-    return db.Lease(holder, ms, MAX)
+def lease(holder: str, ms: int = 60_000) -> leases.Lease:
+    return leases.Lease(holder, ms, MAX)
 
 
 @pytest.fixture
@@ -50,13 +51,15 @@ async def expire(pool: db.Pool, photo_id: uuid.UUID) -> None:
 
 
 async def test_a_claim_by_the_same_process_counts_once(pool: db.Pool) -> None:
-    """A lost reply or a reclaim of one's own entry claims again without counting."""
+    """A lost reply or a reclaim of one's own entry claims again without counting, under
+    the next fencing token all the same."""
     photo_id = await new_photo(pool)
-    first = await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
-    again = await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
-    assert (first.outcome, first.attempt, first.counted) == ("claimed", 1, True)
-    assert (again.outcome, again.attempt, again.counted) == ("claimed", 1, False)
-    assert (await job(pool, photo_id))["attempt"] == 1
+    first = await leases.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    again = await leases.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    assert (first.outcome, first.attempt, first.counted, first.token) == ("claimed", 1, True, 1)
+    assert (again.outcome, again.attempt, again.counted, again.token) == ("claimed", 1, False, 2)
+    row = await job(pool, photo_id)
+    assert (row["attempt"], row["lease_token"]) == (1, 2)
 
 
 async def test_a_duplicate_entry_in_the_same_process_is_busy_not_a_second_render(
@@ -65,8 +68,8 @@ async def test_a_duplicate_entry_in_the_same_process_is_busy_not_a_second_render
     """A second entry of a photo this process is rendering (a producer's XADD and the
     intake's): `busy`, nothing counted, the job keeps its entry."""
     photo_id = await new_photo(pool)
-    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
-    dup = await db.claim(pool, photo_id, "2-0", "w1", lease("A"))
+    await leases.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    dup = await leases.claim(pool, photo_id, "2-0", "w1", lease("A"))
     assert (dup.outcome, dup.last_entry, dup.attempt) == ("busy", "1-0", 0)
     row = await job(pool, photo_id)
     assert (row["attempt"], row["stream_entry"]) == (1, "1-0")
@@ -76,13 +79,13 @@ async def test_a_live_owner_is_neither_counted_nor_stolen_from(pool: db.Pool) ->
     """Another consumer reclaiming the entry while the owner's lease runs: `busy`, naming the
     owner; nothing changes. Once the lease has run out (the owner died) the claim counts."""
     photo_id = await new_photo(pool)
-    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
-    busy = await db.claim(pool, photo_id, "1-0", "w2", lease("B"))
+    await leases.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    busy = await leases.claim(pool, photo_id, "1-0", "w2", lease("B"))
     assert (busy.outcome, busy.owner, busy.last_entry, busy.attempt) == ("busy", "w1", "1-0", 0)
     row = await job(pool, photo_id)
     assert (row["attempt"], row["holder"], row["consumer"]) == (1, "A", "w1")
     await expire(pool, photo_id)
-    taken = await db.claim(pool, photo_id, "1-0", "w2", lease("B"))
+    taken = await leases.claim(pool, photo_id, "1-0", "w2", lease("B"))
     assert (taken.outcome, taken.attempt, taken.counted) == ("claimed", 2, True)
     assert (await job(pool, photo_id))["holder"] == "B"
 
@@ -91,8 +94,8 @@ async def test_a_restart_under_the_same_consumer_name_counts_the_death(pool: db.
     """A stable consumer name restarted (a new process): the old process is dead whatever its
     lease says, so its claim counted an attempt and the new one proceeds."""
     photo_id = await new_photo(pool)
-    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
-    restarted = await db.claim(pool, photo_id, "1-0", "w1", lease("A2"))
+    await leases.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    restarted = await leases.claim(pool, photo_id, "1-0", "w1", lease("A2"))
     assert (restarted.outcome, restarted.attempt, restarted.counted) == ("claimed", 2, True)
 
 
@@ -102,31 +105,35 @@ async def test_the_cap_is_checked_before_work_from_postgres(pool: db.Pool) -> No
     a new run with MAX more."""
     photo_id = await new_photo(pool)
     for n, holder in enumerate(("A", "B"), 1):
-        assert (await db.claim(pool, photo_id, "1-0", f"w{n}", lease(holder))).attempt == n
+        assert (await leases.claim(pool, photo_id, "1-0", f"w{n}", lease(holder))).attempt == n
         await expire(pool, photo_id)
-    refused = await db.claim(pool, photo_id, "1-0", "w3", lease("C"))
+    refused = await leases.claim(pool, photo_id, "1-0", "w3", lease("C"))
     assert (refused.outcome, refused.attempt) == ("exhausted", MAX + 1)
     taken = await job(pool, photo_id)
     assert (taken["attempt"], taken["consumer"], taken["state"]) == (MAX + 1, "w3", "active")
-    assert await db.record_failure(pool, photo_id, "1-0", "w3", "attempts_exhausted", "x") == (
-        "failed"
+    failed = await leases.record_failure(
+        pool, photo_id, refused.token, "1-0", "attempts_exhausted", "x"
     )
+    assert failed == "failed"
     assert await db.reset_failed(pool, photo_id)
-    fresh = await db.claim(pool, photo_id, "2-0", "w3", lease("C"))
+    fresh = await leases.claim(pool, photo_id, "2-0", "w3", lease("C"))
     assert (fresh.outcome, fresh.attempt) == ("claimed", 1)
     assert (await job(pool, photo_id))["attempt"] == MAX + 2, "the history goes on"
 
 
 async def test_a_stop_gives_the_attempt_back(pool: db.Pool) -> None:
     """Released by its holder (a stop cut the work short), the job is pending again with the
-    attempt undone, so the next claim is attempt 1 again; another process cannot release it."""
+    attempt undone, so the next claim is attempt 1 again; a release under an older token
+    (here the first of two claims of the same entry: a lost reply) changes nothing."""
     photo_id = await new_photo(pool)
-    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
-    assert not await db.release(pool, photo_id, lease("B"))
-    assert await db.release(pool, photo_id, lease("A"))
+    first = await leases.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    second = await leases.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    assert not await leases.release(pool, photo_id, first.token)
+    assert (await job(pool, photo_id))["state"] == "active"
+    assert await leases.release(pool, photo_id, second.token)
     row = await job(pool, photo_id)
     assert (row["state"], row["attempt"]) == ("pending", 0)
-    again = await db.claim(pool, photo_id, "1-0", "w2", lease("B"))
+    again = await leases.claim(pool, photo_id, "1-0", "w2", lease("B"))
     assert (again.outcome, again.attempt, again.counted) == ("claimed", 1, True)
 
 
@@ -134,29 +141,36 @@ async def test_the_transient_streak_outlives_claims_and_ends_with_an_outcome(
     pool: db.Pool,
 ) -> None:
     """The streak starts once and keeps its start across a reclaim by another process; an
-    outage restarts it; a counted failure (a retry, recorded only by the job's holder)
-    ends it."""
+    outage restarts it; a counted failure (a retry, recorded only under the job's current
+    token) ends it. The old holder's token, after the reclaim, neither reads nor ends it."""
     photo_id = await new_photo(pool)
-    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
-    assert await db.transient_streak_s(pool, photo_id, lease("B"), restart=False) is None
-    assert await db.transient_streak_s(pool, photo_id, lease("A"), restart=False) == 0
+    a = await leases.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    assert await leases.transient_streak_s(pool, photo_id, 0, restart=False) is None
+    assert await leases.transient_streak_s(pool, photo_id, a.token, restart=False) == 0
     await pool.execute("UPDATE photo_jobs SET transient_since = transient_since - interval '100 s'")
     await expire(pool, photo_id)
-    await db.claim(pool, photo_id, "1-0", "w2", lease("B"))
-    age_s = await db.transient_streak_s(pool, photo_id, lease("B"), restart=False)
+    b = await leases.claim(pool, photo_id, "1-0", "w2", lease("B"))
+    assert await leases.transient_streak_s(pool, photo_id, a.token, restart=True) is None
+    age_s = await leases.transient_streak_s(pool, photo_id, b.token, restart=False)
     assert age_s is not None and 100 <= age_s < 110
-    assert await db.transient_streak_s(pool, photo_id, lease("B"), restart=True) == 0
-    assert not await db.record_retry(pool, photo_id, "1-0", "timeout", "x", 1000, lease("A"))
-    assert await db.record_retry(pool, photo_id, "1-0", "timeout", "slow", 1000, lease("B"))
+    assert await leases.transient_streak_s(pool, photo_id, b.token, restart=True) == 0
+    assert not await leases.record_retry(pool, photo_id, a.token, "timeout", "x", 1000)
+    assert await leases.record_retry(pool, photo_id, b.token, "timeout", "slow", 1000)
     assert (await job(pool, photo_id))["transient_since"] is None
 
 
 async def test_the_heartbeat_renews_only_its_own_leases(pool: db.Pool) -> None:
-    """renew_leases moves this process's leases on; another process's stay as they were."""
+    """renew_leases moves on each lease whose token is still the job's, and names them; a
+    job claimed since by another process (its token moved on) keeps that process's lease."""
     mine, theirs = await new_photo(pool), await new_photo(pool)
-    await db.claim(pool, mine, "1-0", "w1", lease("A", ms=1))
-    await db.claim(pool, theirs, "2-0", "w2", lease("B", ms=1))
-    await db.renew_leases(pool, lease("A"), [mine, theirs])
+    kept = await leases.claim(pool, mine, "1-0", "w1", lease("A", ms=1))
+    lost = await leases.claim(pool, theirs, "2-0", "w1", lease("A", ms=1))
+    await expire(pool, theirs)
+    await leases.claim(pool, theirs, "2-0", "w2", lease("B", ms=1))
+    renewed = await leases.renew_leases(
+        pool, lease("A"), [(mine, kept.token), (theirs, lost.token)]
+    )
+    assert renewed == {mine}
     alive = "SELECT photo_id FROM photo_jobs WHERE lease_until > now() + interval '50 s'"
     assert [r["photo_id"] for r in await pool.fetch(alive)] == [mine]
 
@@ -185,7 +199,7 @@ async def test_a_claim_that_waited_for_the_photo_sees_the_job_as_it_is_now(
     try:
         async with other.transaction():
             await other.execute("SELECT 1 FROM photos WHERE id = $1 FOR UPDATE", photo_id)
-            waiting = asyncio.create_task(db.claim(pool, photo_id, "2-0", "w2", lease("B")))
+            waiting = asyncio.create_task(leases.claim(pool, photo_id, "2-0", "w2", lease("B")))
             await asyncio.sleep(0.2)  # the claim's statement began before this commit
             assert not waiting.done()
             await other.execute(TAKE_OVER[how], photo_id)
@@ -202,11 +216,11 @@ async def test_a_requeue_leaves_a_live_owners_job_alone(pool: db.Pool) -> None:
     active under its entry, so the new entry meets it as `busy` instead of rendering the
     photo beside it; once the owner is gone, a requeue points the job at the new entry."""
     photo_id = await new_photo(pool)
-    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    await leases.claim(pool, photo_id, "1-0", "w1", lease("A"))
     await db.record_requeued(pool, photo_id, "2-0")
     row = await job(pool, photo_id)
     assert (row["state"], row["stream_entry"], row["holder"]) == ("active", "1-0", "A")
-    busy = await db.claim(pool, photo_id, "2-0", "w2", lease("B"))
+    busy = await leases.claim(pool, photo_id, "2-0", "w2", lease("B"))
     assert (busy.outcome, busy.attempt) == ("busy", 0)
     await expire(pool, photo_id)
     await db.record_requeued(pool, photo_id, "3-0")
@@ -218,7 +232,8 @@ async def test_a_stale_rerender_failure_leaves_the_entry_to_its_new_owner(
     pool: db.Pool,
 ) -> None:
     """A worker that lost a re-render's entry to another consumer finds its failure refused
-    and the re-render held elsewhere: it must not ack the entry the new owner works on."""
+    (its token is older than the job's) and the re-render held elsewhere: it must not ack
+    the entry the new owner works on."""
     photo_id = await new_photo(pool)
     await pool.execute(
         "UPDATE photos SET processing_state = 'processed', visibility = 'published',"
@@ -226,10 +241,12 @@ async def test_a_stale_rerender_failure_leaves_the_entry_to_its_new_owner(
         " WHERE id = $1",
         photo_id,
     )
-    await db.claim(pool, photo_id, "1-0", "w1", lease("A"))
+    old = await leases.claim(pool, photo_id, "1-0", "w1", lease("A"))
     await expire(pool, photo_id)
-    await db.claim(pool, photo_id, "1-0", "w2", lease("B"))
-    assert await db.record_failure(pool, photo_id, "1-0", "w1", "timeout", "x") == "finished"
-    assert not await db.record_rerender_failure(pool, photo_id, "1-0", "w1", "timeout", "x")
-    assert await db.rerender_held_elsewhere(pool, photo_id, "1-0", "w1")
-    assert not await db.rerender_held_elsewhere(pool, photo_id, "1-0", "w2")
+    new = await leases.claim(pool, photo_id, "1-0", "w2", lease("B"))
+    failed = await leases.record_failure(pool, photo_id, old.token, "1-0", "timeout", "x")
+    assert failed == "finished"
+    rerender = await leases.record_rerender_failure(pool, photo_id, old.token, "timeout", "x")
+    assert rerender == "not_recorded"
+    assert await leases.rerender_held_elsewhere(pool, photo_id, old.token)
+    assert not await leases.rerender_held_elsewhere(pool, photo_id, new.token)

@@ -27,7 +27,7 @@ from darkroom.operate import events as events_command
 from darkroom.operate.web import live
 from darkroom.queue.eventstream import EventStream
 from darkroom.relay import IDLE_PASS_S, Relay
-from darkroom.store import db, duties, outbox
+from darkroom.store import db, duties, leases, outbox, publishing
 from tests.conftest import PHOTOS, REDIS_URL, Env
 
 FACTS = {"width": 40, "height": 30, "format": "jpeg", "bytes": 99, "camera_make": "Fuji",
@@ -76,22 +76,28 @@ async def box(database_url: str) -> AsyncIterator[Outbox]:
     await pool.close()
 
 
-async def claimed(pool: db.Pool, entry: str = "1-0") -> uuid.UUID:
+async def claimed(pool: db.Pool, entry: str = "1-0") -> tuple[uuid.UUID, int]:
+    """A new photo claimed through `entry`, and the claim's fencing token."""
     photo_id = uuid.uuid4()
     await db.insert_photo(pool, photo_id, f"originals/{photo_id}")
-    assert (await db.claim(pool, photo_id, entry, "w1")).outcome == "claimed"
-    return photo_id
+    claim = await leases.claim(pool, photo_id, entry, "w1")
+    assert claim.outcome == "claimed"
+    return photo_id, claim.token
 
 
 async def published(pool: db.Pool) -> uuid.UUID:
-    photo_id = await claimed(pool)
-    assert await db.publish(pool, photo_id, FACTS, json.dumps(RENDITIONS)) == []
+    photo_id, token = await claimed(pool)
+    done = await publishing.publish(pool, photo_id, FACTS, json.dumps(RENDITIONS), (token, "1-0"))
+    assert (done.status, done.replaced) == ("published", [])
     return photo_id
 
 
-async def rerender_claimed(pool: db.Pool, photo_id: uuid.UUID) -> None:
-    assert await db.request_rerender(pool, [photo_id], None) == [photo_id]
-    assert (await db.claim(pool, photo_id, "2-0", "w1")).outcome == "claimed"
+async def rerender_claimed(pool: db.Pool, photo_id: uuid.UUID) -> tuple[int, str]:
+    """A re-render requested and claimed through entry 2-0: its lease (token, entry)."""
+    assert await publishing.request_rerender(pool, [photo_id], None) == [photo_id]
+    claim = await leases.claim(pool, photo_id, "2-0", "w1")
+    assert claim.outcome == "claimed"
+    return claim.token, "2-0"
 
 
 async def until(check: Callable[[], bool], timeout_s: float = 5) -> None:
@@ -116,14 +122,14 @@ ENVELOPE = {"specversion", "id", "source", "type", "subject", "time", "dataconte
 async def test_every_terminal_outcome_is_one_cloudevent_with_the_photo_row(box: Outbox) -> None:
     """Published, rerendered, failed, rerender_failed: one event each, CloudEvents fields."""
     first = await published(box.pool)
-    await rerender_claimed(box.pool, first)
-    await db.publish(box.pool, first, FACTS, json.dumps(RENDITIONS))
-    failed = await claimed(box.pool)
-    assert (
-        await db.record_failure(box.pool, failed, "1-0", "w1", "corrupt_image", "bad") == "failed"
-    )
-    await rerender_claimed(box.pool, first)
-    assert await db.record_rerender_failure(box.pool, first, "2-0", "w1", "timeout", "slow")
+    lease = await rerender_claimed(box.pool, first)
+    await publishing.publish(box.pool, first, FACTS, json.dumps(RENDITIONS), lease)
+    failed, token = await claimed(box.pool)
+    recorded = await leases.record_failure(box.pool, failed, token, "1-0", "corrupt_image", "bad")
+    assert recorded == "failed"
+    token, _ = await rerender_claimed(box.pool, first)
+    rerender = await leases.record_rerender_failure(box.pool, first, token, "timeout", "slow")
+    assert rerender == "answered"
     await box.batch(box.relay())
     events = await box.entries()
     assert [e["type"].rsplit(".", 1)[1] for e in events] == [
@@ -142,14 +148,16 @@ async def test_every_terminal_outcome_is_one_cloudevent_with_the_photo_row(box: 
 
 async def test_a_rolled_back_publish_leaves_no_event_and_no_notification(box: Outbox) -> None:
     """Never before the commit: a publish whose transaction rolls back writes nothing."""
-    photo_id = await claimed(box.pool)
+    photo_id, token = await claimed(box.pool)
     heard: list[str] = []
     async with outbox.listening(box.url, lambda payload: heard.append(str(payload))) as listener:
         async with box.pool.acquire() as conn:
             tx = conn.transaction()
             await tx.start()
-            await conn.fetchrow(db.PUBLISH_SQL, photo_id, 1, 1, "jpeg", 1, "[]",
-                                *[None] * len(db.FACT_COLUMNS), *[None] * 5)  # fmt: skip
+            row = await conn.fetchrow(publishing.PUBLISH_SQL, photo_id, 1, 1, "jpeg", 1, "[]",
+                                      *[None] * len(publishing.FACT_COLUMNS), *[None] * 5,
+                                      token, "1-0")  # fmt: skip
+            assert row is not None and row["status"] == "published"
             assert await box.rows() == []  # not visible before the commit
             await tx.rollback()
         await anyio.sleep(0.3)
@@ -160,9 +168,13 @@ async def test_a_rolled_back_publish_leaves_no_event_and_no_notification(box: Ou
 
 async def test_an_outcome_that_changes_nothing_writes_no_event(box: Outbox) -> None:
     """A duplicate publish or a stale failure changes no state, so it reports none."""
-    photo_id = await published(box.pool)
-    assert await db.publish(box.pool, photo_id, FACTS, "[]") is None
-    assert await db.record_failure(box.pool, photo_id, "1-0", "w1", "timeout", "x") == "finished"
+    photo_id, token = await claimed(box.pool)
+    lease = (token, "1-0")
+    first = await publishing.publish(box.pool, photo_id, FACTS, json.dumps(RENDITIONS), lease)
+    assert first.status == "published"
+    assert (await publishing.publish(box.pool, photo_id, FACTS, "[]", lease)).status == "already"
+    stale = await leases.record_failure(box.pool, photo_id, token, "1-0", "timeout", "x")
+    assert stale == "finished"
     assert [r["type"] for r in await box.rows()] == ["darkroom.photo.published"]
 
 
@@ -189,8 +201,8 @@ async def test_the_relay_wakes_on_commit_and_keeps_each_photos_order(box: Outbox
         tg.start_soon(other.run)
         photo_id = await published(box.pool)
         committed = time.monotonic()
-        await rerender_claimed(box.pool, photo_id)
-        await db.publish(box.pool, photo_id, FACTS, json.dumps(RENDITIONS))
+        lease = await rerender_claimed(box.pool, photo_id)
+        await publishing.publish(box.pool, photo_id, FACTS, json.dumps(RENDITIONS), lease)
         await until_async(lambda: box.entries(), 2)
         # woken by the commit's NOTIFY: an idle pass would come only after IDLE_PASS_S (30 s)
         assert time.monotonic() - committed < IDLE_PASS_S / 3

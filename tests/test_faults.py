@@ -37,7 +37,7 @@ from darkroom.queue import streams
 from darkroom.queue.inflight import InFlight
 from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.streams import Streams
-from darkroom.store import db, storage
+from darkroom.store import db, leases, storage
 from tests.conftest import AWS_ENV, REDIS_URL, free_port
 from tests.faults import DenyingS3Proxy, FakeClock, pg_admin, spare_redis
 
@@ -460,7 +460,7 @@ async def test_read_only_postgres_is_an_outage_and_reconnect_recovers(database_u
     await pg_admin(f"ALTER DATABASE {name} SET default_transaction_read_only = on")
     pool = await db.connect(database_url, 2)
     try:
-        for call in (db.probe(pool), db.claim(pool, uuid.uuid4(), "1-0", "c")):
+        for call in (db.probe(pool), leases.claim(pool, uuid.uuid4(), "1-0", "c")):
             with pytest.raises(DatabaseUnavailableError) as caught:
                 await call
             assert caught.value.reason == "read_only"
@@ -486,7 +486,7 @@ async def test_revoked_login_and_grants_are_database_outages(database_url: str) 
                 await db.probe(pool)
             assert caught.value.reason == "auth"
             await pg_admin(f"ALTER ROLE {role} LOGIN")
-            for call in (db.probe(pool), db.claim(pool, uuid.uuid4(), "1-0", "c")):
+            for call in (db.probe(pool), leases.claim(pool, uuid.uuid4(), "1-0", "c")):
                 with pytest.raises(DatabaseUnavailableError) as caught:
                     await call
                 assert caught.value.reason == "permission_denied"

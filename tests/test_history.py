@@ -14,7 +14,7 @@ import pytest
 
 from darkroom import recorder
 from darkroom.queue.messages import Entry
-from darkroom.store import db, history
+from darkroom.store import db, history, leases, publishing
 from tests.conftest import PHOTOS, Env
 
 IPHONE = PHOTOS / "iphone_hdr_NO.jpg"
@@ -80,7 +80,7 @@ def test_attempts_searches_by_code_and_consumer(file_env: Env) -> None:
 async def claimed(pool: db.Pool, ms: int) -> tuple[uuid.UUID, int]:
     photo_id = uuid.uuid4()
     await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
-    await db.claim(pool, photo_id, "1-0", "w1", db.Lease("A", ms, 5))
+    await leases.claim(pool, photo_id, "1-0", "w1", leases.Lease("A", ms, 5))
     return photo_id, await history.start(pool, photo_id, "1-0", "w1", "interactive")
 
 
@@ -96,7 +96,7 @@ async def test_a_reclaim_marks_the_first_delivery_dead(pool: db.Pool) -> None:
     """Another consumer's claim of the same entry after the lease ran out: the first row is
     `worker_died`, the new one `running`."""
     photo_id, _ = await claimed(pool, 1)
-    await db.claim(pool, photo_id, "1-0", "w2", db.Lease("B", 60_000, 5))
+    await leases.claim(pool, photo_id, "1-0", "w2", leases.Lease("B", 60_000, 5))
     await history.start(pool, photo_id, "1-0", "w2", "interactive")
     shown = [(a["consumer"], a["outcome"]) for a in await history.timeline(pool, photo_id)]
     assert shown == [("w1", "worker_died"), ("w2", "running")]
@@ -133,18 +133,18 @@ async def test_the_claim_writes_the_running_row_once_per_delivery(pool: db.Pool)
     no second one; a claim that finds the job held, or with the history off, writes none."""
     photo_id = uuid.uuid4()
     await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
-    lease = db.Lease("A", 60_000, 5)
-    first = await db.claim(pool, photo_id, "1-0", "w1", lease, "bulk")
-    again = await db.claim(pool, photo_id, "1-0", "w1", lease, "bulk")
+    lease = leases.Lease("A", 60_000, 5)
+    first = await leases.claim(pool, photo_id, "1-0", "w1", lease, "bulk")
+    again = await leases.claim(pool, photo_id, "1-0", "w1", lease, "bulk")
     assert first.outcome == again.outcome == "claimed"
     assert first.history_row is not None and again.history_row == first.history_row
-    busy = await db.claim(pool, photo_id, "2-0", "w2", db.Lease("B", 60_000, 5), "bulk")
+    busy = await leases.claim(pool, photo_id, "2-0", "w2", leases.Lease("B", 60_000, 5), "bulk")
     assert busy.outcome == "busy" and busy.history_row is None
     rows = await history.timeline(pool, photo_id)
     assert [(a["consumer"], a["lane"], a["outcome"]) for a in rows] == [("w1", "bulk", "running")]
     other = uuid.uuid4()
     await db.insert_photo(pool, other, f"originals/{other}/x.jpg")
-    quiet = await db.claim(pool, other, "3-0", "w1", lease, None)
+    quiet = await leases.claim(pool, other, "3-0", "w1", lease, None)
     assert quiet.outcome == "claimed" and quiet.history_row is None
     assert await history.timeline(pool, other) == []
 
@@ -155,20 +155,24 @@ async def test_the_publishing_commit_finishes_the_published_deliverys_row(pool: 
     publish that loses (the photo was published meanwhile) leaves its row to the worker."""
     photo_id = uuid.uuid4()
     await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
-    lease = db.Lease("A", 60_000, 5)
-    claim = await db.claim(pool, photo_id, "1-0", "w1", lease, "interactive")
-    row = db.AttemptRow(claim.history_row, 4.0, 120.5, 9.25, 66)
-    assert await db.publish(pool, photo_id, {"width": 4, "height": 3, "format": "jpeg",
-                                             "bytes": 10}, "[]", row) == []  # fmt: skip
+    lease = leases.Lease("A", 60_000, 5)
+    claim = await leases.claim(pool, photo_id, "1-0", "w1", lease, "interactive")
+    row = publishing.AttemptRow(claim.history_row, 4.0, 120.5, 9.25, 66)
+    facts = {"width": 4, "height": 3, "format": "jpeg", "bytes": 10}
+    published = await publishing.publish(pool, photo_id, facts, "[]", (claim.token, "1-0"), row)
+    assert (published.status, published.replaced) == ("published", [])
     [done] = await history.timeline(pool, photo_id)
     assert done["outcome"] == "published" and done["ended_at"] is not None
     assert (done["download_ms"], done["render_ms"], done["upload_ms"]) == (4.0, 120.5, 9.25)
     assert done["peak_rss_mb"] == 66 and 0 < done["publish_ms"] < 1000
-    # a second delivery that lost the race: its row stays `running` for the worker's end
+    # a second delivery that lost the race (its lease token older than the publisher's):
+    # its row stays `running` for the worker's end
     late = await history.start(pool, photo_id, "2-0", "w2", "interactive")
-    late_row = db.AttemptRow(late, 1.0, 1.0, 1.0, 1)
-    assert await db.publish(pool, photo_id, {"width": 4, "height": 3, "format": "jpeg",
-                                             "bytes": 10}, "[]", late_row) is None  # fmt: skip
+    late_row = publishing.AttemptRow(late, 1.0, 1.0, 1.0, 1)
+    refused = await publishing.publish(
+        pool, photo_id, facts, "[]", (claim.token - 1, "2-0"), late_row
+    )
+    assert refused.status != "published"
     stored = "SELECT outcome, ended_at IS NULL FROM photo_attempts WHERE id = $1"
     assert tuple(await pool.fetchrow(stored, late)) == ("running", True)
 
@@ -178,16 +182,20 @@ async def test_a_published_deliverys_row_stays_published_whatever_ends_it(pool: 
     that failed does not rewrite it; a delivery whose claim had no row of its own (an
     own re-claim whose row was finished already) gets a whole `published` row at its end."""
     rec = recorder.Recorder(pool, "w1")
-    lease = db.Lease("A", 60_000, 5)
+    lease = leases.Lease("A", 60_000, 5)
     facts = {"width": 4, "height": 3, "format": "jpeg", "bytes": 10}
     for row_of_its_own, ending in ((True, "released"), (True, "retrying"), (False, "published")):
         photo_id = uuid.uuid4()
         await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
         entry = Entry("1-0", {"photo_id": str(photo_id)})
-        claim = await db.claim(pool, photo_id, entry.id, "w1", lease, "interactive")
+        claim = await leases.claim(pool, photo_id, entry.id, "w1", lease, "interactive")
         rec.begun(entry, claim.history_row if row_of_its_own else None)
         rec.attempt(entry).add("render", 12.0)
-        assert await db.publish(pool, photo_id, facts, "[]", rec.publishing(entry)) == []
+        lease_of = (claim.token, entry.id)
+        published = await publishing.publish(
+            pool, photo_id, facts, "[]", lease_of, rec.publishing(entry)
+        )
+        assert (published.status, published.replaced) == ("published", [])
         rec.published(entry)
         await rec.end(entry, history.Ending(ending))
         stored = await pool.fetch(
@@ -203,17 +211,22 @@ async def test_a_publish_whose_reply_was_lost_leaves_its_row_published(pool: db.
     connection dropped): the worker retries in place, finds the photo published, and ends
     the delivery `already`. The row says what happened: this delivery published it."""
     rec = recorder.Recorder(pool, "w1")
-    lease = db.Lease("A", 60_000, 5)
+    lease = leases.Lease("A", 60_000, 5)
     facts = {"width": 4, "height": 3, "format": "jpeg", "bytes": 10}
     photo_id = uuid.uuid4()
     await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
     entry = Entry("1-0", {"photo_id": str(photo_id)})
-    claim = await db.claim(pool, photo_id, entry.id, "w1", lease, "interactive")
+    claim = await leases.claim(pool, photo_id, entry.id, "w1", lease, "interactive")
     rec.begun(entry, claim.history_row)
     rec.attempt(entry).add("render", 12.0)
-    assert await db.publish(pool, photo_id, facts, "[]", rec.publishing(entry)) == []
+    lease_of = (claim.token, entry.id)
+    published = await publishing.publish(
+        pool, photo_id, facts, "[]", lease_of, rec.publishing(entry)
+    )
+    assert (published.status, published.replaced) == ("published", [])
     # the reply is lost: no rec.published(entry); the retry in place publishes nothing
-    assert await db.publish(pool, photo_id, facts, "[]", rec.publishing(entry)) is None
+    again = await publishing.publish(pool, photo_id, facts, "[]", lease_of, rec.publishing(entry))
+    assert again.status == "already"
     await rec.end(entry, history.Ending("already"))
     [row] = await history.timeline(pool, photo_id)
     assert (row["outcome"], row["render_ms"]) == ("published", 12.0)

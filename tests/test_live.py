@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import httpx
 from playwright.sync_api import Page, expect
 
-from darkroom.store import db
+from darkroom.store import db, leases, publishing
 from tests.conftest import Env
 from tests.test_events import publish_photos
 from tests.test_web import page, start_web
@@ -24,15 +24,17 @@ __all__ = ["page"]  # the Chromium fixture of test_web
 T = TypeVar("T")
 
 
-def photos_in_processing(url: str, count: int) -> list[uuid.UUID]:
-    async def go() -> list[uuid.UUID]:
+def photos_in_processing(url: str, count: int) -> list[leases.Claim]:
+    """New photos, each claimed through entry 1-0 (the claim names the photo and its token)."""
+
+    async def go() -> list[leases.Claim]:
         pool = await db.connect(url, 2)
         try:
-            ids = [uuid.uuid4() for _ in range(count)]
-            for photo_id in ids:
+            claims = []
+            for photo_id in [uuid.uuid4() for _ in range(count)]:
                 await db.insert_photo(pool, photo_id, f"originals/{photo_id}")
-                await db.claim(pool, photo_id, "1-0", "w1")
-            return ids
+                claims.append(await leases.claim(pool, photo_id, "1-0", "w1"))
+            return claims
         finally:
             await pool.close()
 
@@ -45,12 +47,14 @@ def in_thread(go: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return pool.submit(asyncio.run, go()).result()
 
 
-def publish(url: str, photo_id: uuid.UUID) -> None:
+def publish(url: str, claim: leases.Claim) -> None:
     async def go() -> None:
         pool = await db.connect(url, 1)
         try:
-            await db.publish(pool, photo_id, {"width": 4, "height": 3, "format": "jpeg",
-                                              "bytes": 9}, "[]")  # fmt: skip
+            facts = {"width": 4, "height": 3, "format": "jpeg", "bytes": 9}
+            lease = (claim.token, "1-0")
+            done = await publishing.publish(pool, claim.photo_id, facts, "[]", lease)
+            assert done.status == "published"
         finally:
             await pool.close()
 
@@ -77,7 +81,7 @@ def test_a_photo_page_and_the_overview_update_when_the_photo_is_published(
     """No reload: the photo's state changes on its page, the overview's count follows."""
     first, second = photos_in_processing(file_env.database_url, 2)
     base = start_web(file_env, token=None)
-    page.goto(f"{base}/photos/{first}")
+    page.goto(f"{base}/photos/{first.photo_id}")
     expect(page.locator("#state")).to_have_text("processing")
     expect(page.locator("#live")).to_have_attribute("data-live-open", "true")
     publish(file_env.database_url, second)  # another photo's event: this page stays

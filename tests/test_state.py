@@ -13,7 +13,7 @@ import redis.asyncio
 
 from darkroom import sweeper
 from darkroom.queue.streams import Streams
-from darkroom.store import db, duties
+from darkroom.store import db, duties, leases, publishing
 from tests.conftest import PHOTOS, REDIS_URL, Env
 
 
@@ -52,13 +52,22 @@ FACTS = {"width": 10, "height": 10, "format": "jpeg", "bytes": 1}
 
 
 async def test_a_stale_worker_cannot_publish_a_failed_photo(store: Store) -> None:
-    """Claim, claim again, fail: the first worker's late publish or failure changes nothing."""
+    """Claim, claim again, fail: the first worker's late publish or failure (under its older
+    token) changes nothing."""
     photo_id = await new_photo(store.pool)
-    assert (await db.claim(store.pool, photo_id, "1-0", "w1")).outcome == "claimed"
-    assert (await db.claim(store.pool, photo_id, "1-0", "w2")).attempt == 2
-    assert await db.record_failure(store.pool, photo_id, "1-0", "w2", "timeout", "slow") == "failed"
-    assert await db.publish(store.pool, photo_id, FACTS, "[]") is None
-    late = await db.record_failure(store.pool, photo_id, "1-0", "w2", "storage_unavailable", "late")
+    first = await leases.claim(store.pool, photo_id, "1-0", "w1")
+    assert first.outcome == "claimed"
+    second = await leases.claim(store.pool, photo_id, "1-0", "w2")
+    assert second.attempt == 2
+    failed = await leases.record_failure(
+        store.pool, photo_id, second.token, "1-0", "timeout", "slow"
+    )
+    assert failed == "failed"
+    published = await publishing.publish(store.pool, photo_id, FACTS, "[]", (first.token, "1-0"))
+    assert published.status == "already"
+    late = await leases.record_failure(
+        store.pool, photo_id, first.token, "1-0", "storage_unavailable", "late"
+    )
     assert late == "finished"
     code = await store.pool.fetchval("SELECT error_code FROM photos WHERE id = $1", photo_id)
     assert code == "timeout", "a late failure of another delivery does not rewrite the code"
@@ -71,14 +80,17 @@ async def test_a_stale_worker_cannot_publish_a_failed_photo(store: Store) -> Non
 
 
 async def test_a_stale_entry_cannot_retry_or_fail_a_photo_another_entry_owns(store: Store) -> None:
-    """Once the photo was re-enqueued through a newer entry, the old entry's retry and final
-    failure change nothing; the newer entry's do."""
+    """Once the photo was re-enqueued through a newer entry and claimed through it, the old
+    entry's retry and final failure (under its older token) change nothing, the failure
+    answering `finished` (the job goes through another entry); the newer claim's do."""
     photo_id = await new_photo(store.pool)
-    await db.claim(store.pool, photo_id, "1-0", "w1")
+    old = await leases.claim(store.pool, photo_id, "1-0", "w1")
     await db.record_requeued(store.pool, photo_id, "2-0")
-    await db.claim(store.pool, photo_id, "2-0", "w2")
-    assert not await db.record_retry(store.pool, photo_id, "1-0", "timeout", "late", 1000)
-    stale = await db.record_failure(store.pool, photo_id, "1-0", "w1", "attempts_exhausted", "x")
+    new = await leases.claim(store.pool, photo_id, "2-0", "w2")
+    assert not await leases.record_retry(store.pool, photo_id, old.token, "timeout", "late", 1000)
+    stale = await leases.record_failure(
+        store.pool, photo_id, old.token, "1-0", "attempts_exhausted", "x"
+    )
     assert stale == "finished"
     row = await store.pool.fetchrow(
         "SELECT p.processing_state, j.state, j.error_code FROM photos p"
@@ -86,20 +98,26 @@ async def test_a_stale_entry_cannot_retry_or_fail_a_photo_another_entry_owns(sto
         photo_id,
     )
     assert tuple(row) == ("processing", "active", None)
-    assert await db.record_retry(store.pool, photo_id, "2-0", "timeout", "slow", 1000)
-    await db.claim(store.pool, photo_id, "2-0", "w2")
-    assert await db.record_failure(store.pool, photo_id, "2-0", "w2", "timeout", "slow") == "failed"
+    assert await leases.record_retry(store.pool, photo_id, new.token, "timeout", "slow", 1000)
+    again = await leases.claim(store.pool, photo_id, "2-0", "w2")
+    failed = await leases.record_failure(
+        store.pool, photo_id, again.token, "2-0", "timeout", "slow"
+    )
+    assert failed == "failed"
 
 
-async def test_only_the_consumer_holding_the_job_records_its_failure(store: Store) -> None:
-    """A consumer that lost the entry to another (reclaimed and claimed again) or never
-    claimed it records no failure: nothing changes; the consumer holding the job does."""
+async def test_only_the_current_token_of_the_job_records_its_failure(store: Store) -> None:
+    """A delivery that never claimed (token 0), or whose token is older than the job's (its
+    entry reclaimed and claimed again by another consumer), records no failure: `not_owner`,
+    nothing changes; the holder of the job's current token does."""
     photo_id = await new_photo(store.pool)
-    unclaimed = await db.record_failure(store.pool, photo_id, "1-0", "w1", "timeout", "early")
+    unclaimed = await leases.record_failure(store.pool, photo_id, 0, "1-0", "timeout", "early")
     assert unclaimed == "not_owner"
-    await db.claim(store.pool, photo_id, "1-0", "w1")
-    await db.claim(store.pool, photo_id, "1-0", "w2")  # w2 reclaimed the entry
-    lost = await db.record_failure(store.pool, photo_id, "1-0", "w1", "corrupt_image", "late")
+    w1 = await leases.claim(store.pool, photo_id, "1-0", "w1")
+    w2 = await leases.claim(store.pool, photo_id, "1-0", "w2")  # w2 reclaimed the entry
+    lost = await leases.record_failure(
+        store.pool, photo_id, w1.token, "1-0", "corrupt_image", "late"
+    )
     assert lost == "not_owner"
     row = await store.pool.fetchrow(
         "SELECT p.processing_state, p.error_code, j.state, j.consumer, j.last_error"
@@ -107,17 +125,19 @@ async def test_only_the_consumer_holding_the_job_records_its_failure(store: Stor
         photo_id,
     )
     assert tuple(row) == ("processing", None, "active", "w2", None)
-    assert await db.record_failure(store.pool, photo_id, "1-0", "w2", "timeout", "slow") == "failed"
+    failed = await leases.record_failure(store.pool, photo_id, w2.token, "1-0", "timeout", "slow")
+    assert failed == "failed"
 
 
 async def test_publish_happens_once_and_keeps_processed_at(store: Store) -> None:
     """Two publishes of one claim: the second is refused, processed_at is kept."""
     photo_id = await new_photo(store.pool)
-    await db.claim(store.pool, photo_id, "1-0", "w1")
-    assert await db.publish(store.pool, photo_id, FACTS, "[]") == [], "it replaced nothing"
+    lease = ((await leases.claim(store.pool, photo_id, "1-0", "w1")).token, "1-0")
+    published = await publishing.publish(store.pool, photo_id, FACTS, "[]", lease)
+    assert (published.status, published.replaced) == ("published", []), "it replaced nothing"
     first = await store.pool.fetchval("SELECT processed_at FROM photos WHERE id = $1", photo_id)
-    assert await db.publish(store.pool, photo_id, FACTS, "[]") is None
-    claim = await db.claim(store.pool, photo_id, "2-0", "w2")
+    assert (await publishing.publish(store.pool, photo_id, FACTS, "[]", lease)).status == "already"
+    claim = await leases.claim(store.pool, photo_id, "2-0", "w2")
     assert (claim.outcome, claim.state) == ("already", "processed")
     again = await store.pool.fetchval("SELECT processed_at FROM photos WHERE id = $1", photo_id)
     assert again == first
@@ -127,15 +147,19 @@ async def test_a_rerender_publish_returns_the_keys_it_replaced(store: Store) -> 
     """A re-render's publish switches the row to the new keys and returns the old ones (to
     delete after the commit); a duplicate publish of it is refused and returns nothing."""
     photo_id = await new_photo(store.pool)
-    await db.claim(store.pool, photo_id, "1-0", "w1")
+    first = await leases.claim(store.pool, photo_id, "1-0", "w1")
     old = [{"key": "renditions/x/thumb.webp"}, {"key": "renditions/x/large-1.webp"}]
-    await db.publish(store.pool, photo_id, FACTS, json.dumps(old))
-    assert await db.request_rerender(store.pool, [photo_id], None) == [photo_id]
-    assert (await db.claim(store.pool, photo_id, "2-0", "w1")).outcome == "claimed"
+    await publishing.publish(store.pool, photo_id, FACTS, json.dumps(old), (first.token, "1-0"))
+    assert await publishing.request_rerender(store.pool, [photo_id], None) == [photo_id]
+    claim = await leases.claim(store.pool, photo_id, "2-0", "w1")
+    assert claim.outcome == "claimed"
     new = json.dumps([{"key": "renditions/x/large-1.webp"}, {"key": "renditions/x/thumb-2.webp"}])
-    replaced = await db.publish(store.pool, photo_id, FACTS, new)
-    assert replaced == ["renditions/x/thumb.webp", "renditions/x/large-1.webp"]
-    assert await db.publish(store.pool, photo_id, FACTS, new) is None
+    lease = (claim.token, "2-0")
+    published = await publishing.publish(store.pool, photo_id, FACTS, new, lease)
+    assert published.status == "published"
+    assert published.replaced == ["renditions/x/thumb.webp", "renditions/x/large-1.webp"]
+    duplicate = await publishing.publish(store.pool, photo_id, FACTS, new, lease)
+    assert (duplicate.status, duplicate.replaced) == ("already", [])
     row = await store.pool.fetchval("SELECT renditions::text FROM photos WHERE id = $1", photo_id)
     assert json.loads(row) == json.loads(new)
 
@@ -183,7 +207,7 @@ def test_failure_whose_dead_letter_was_never_written_gets_it(file_env: Env, tmp_
     [photo_id] = file_env.ingest([broken])
     [[_, [(entry_id, _)]]] = file_env.redis.xreadgroup("darkroom", "ghost", {file_env.stream: ">"})
     # The ghost claims and records the failure, as a worker would, then dies.
-    file_env.query(db.CLAIM_SQL, photo_id, entry_id, "ghost", *db.NO_LEASE.args, None)
+    file_env.query(leases.CLAIM_SQL, photo_id, entry_id, "ghost", *leases.NO_LEASE.args, None)
     file_env.query("UPDATE photos SET processing_state = 'processing_failed', "
                    "error_code = 'corrupt_image' WHERE id = $1", photo_id)  # fmt: skip
     file_env.query("UPDATE photo_jobs SET state = 'failed', error_code = 'corrupt_image', "
@@ -202,9 +226,11 @@ def test_failed_photo_past_the_cap_keeps_its_code_and_single_letter(file_env: En
     [[_, [(entry_id, _)]]] = file_env.redis.xreadgroup("darkroom", "ghost", {file_env.stream: ">"})
     for _ in range(3):  # delivered again and again without finishing
         file_env.redis.xclaim(file_env.stream, "darkroom", "ghost", 0, [entry_id])
-    file_env.query(db.CLAIM_SQL, photo_id, "another-entry", "ghost", *db.NO_LEASE.args, None)
-    file_env.query(db.FAIL_SQL, photo_id, "corrupt_image", "failed through another entry",
-                   "another-entry", "ghost")  # fmt: skip
+    [claim] = file_env.query(
+        leases.CLAIM_SQL, photo_id, "another-entry", "ghost", *leases.NO_LEASE.args, None
+    )
+    file_env.query(leases.FAIL_SQL, photo_id, "corrupt_image", "failed through another entry",
+                   claim["lease_token"], "another-entry")  # fmt: skip
     log = file_env.cli("run", "--drain", DARKROOM_MAX_ATTEMPTS="2",
                        DARKROOM_CLAIM_IDLE_MS="1000").stderr  # fmt: skip
     assert '"outcome": "already"' in log

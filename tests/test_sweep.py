@@ -17,7 +17,7 @@ import redis.asyncio
 
 from darkroom import metrics, sweeper
 from darkroom.queue.streams import Streams
-from darkroom.store import db
+from darkroom.store import db, leases, publishing
 from tests.conftest import REDIS_URL
 
 FACTS = {"width": 10, "height": 10, "format": "jpeg", "bytes": 1}
@@ -110,18 +110,29 @@ async def test_every_state_change_moves_last_activity(pool: db.Pool) -> None:
     photo_id = uuid.uuid4()
     await db.insert_photo(pool, photo_id, "originals/x")
     assert await moved(pool, photo_id), "a new photo starts with now()"
+    claims: list[leases.Claim] = []
+
+    async def claim(entry: str) -> None:
+        claims.append(await leases.claim(pool, photo_id, entry, "w"))
+
+    def token() -> int:  # the last claim's, read when its change runs
+        return claims[-1].token
+
     changes = [
-        (lambda: db.claim(pool, photo_id, "1-0", "w"), "processing"),
-        (lambda: db.record_retry(pool, photo_id, "1-0", "timeout", "slow", 1000), "processing"),
-        (lambda: db.record_requeued(pool, photo_id, "2-0"), "processing"),
-        (lambda: db.claim(pool, photo_id, "2-0", "w"), "processing"),
+        (lambda: claim("1-0"), "processing"),
         (
-            lambda: db.record_failure(pool, photo_id, "2-0", "w", "corrupt_image", "bad"),
+            lambda: leases.record_retry(pool, photo_id, token(), "timeout", "slow", 1000),
+            "processing",
+        ),
+        (lambda: db.record_requeued(pool, photo_id, "2-0"), "processing"),
+        (lambda: claim("2-0"), "processing"),
+        (
+            lambda: leases.record_failure(pool, photo_id, token(), "2-0", "corrupt_image", "bad"),
             "processing_failed",
         ),
         (lambda: db.reset_failed(pool, photo_id), "uploaded"),
-        (lambda: db.claim(pool, photo_id, "3-0", "w"), "processing"),
-        (lambda: db.publish(pool, photo_id, FACTS, "[]"), "processed"),
+        (lambda: claim("3-0"), "processing"),
+        (lambda: publishing.publish(pool, photo_id, FACTS, "[]", (token(), "3-0")), "processed"),
     ]
     for change, state in changes:
         await aged(pool, photo_id)
@@ -136,10 +147,11 @@ async def test_a_retry_does_not_wait_for_a_locked_photo(pool: db.Pool) -> None:
     """The retry (job first) skips a photo row another statement holds: no deadlock."""
     photo_id = uuid.uuid4()
     await db.insert_photo(pool, photo_id, "originals/x")
-    await db.claim(pool, photo_id, "1-0", "w")
+    token = (await leases.claim(pool, photo_id, "1-0", "w")).token
     async with pool.acquire() as holder, holder.transaction():
         await holder.execute("SELECT 1 FROM photos WHERE id = $1 FOR UPDATE", photo_id)
-        await asyncio.wait_for(db.record_retry(pool, photo_id, "1-0", "timeout", "slow", 10), 5)
+        retry = leases.record_retry(pool, photo_id, token, "timeout", "slow", 10)
+        assert await asyncio.wait_for(retry, 5)
     assert await pool.fetchval("SELECT state FROM photo_jobs WHERE photo_id = $1", photo_id) == (
         "pending"
     )

@@ -19,7 +19,7 @@ from darkroom.errors import CorruptImageError, InternalError
 from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
-from darkroom.store import db
+from darkroom.store import db, leases, publishing
 from darkroom.store.storage import FileStorage
 from darkroom.worker import Worker
 from tests.conftest import PHOTOS, REDIS_URL, Env
@@ -60,8 +60,9 @@ async def test_a_consumer_that_lost_the_entry_cannot_fail_what_its_new_owner_pub
     worker: Worker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A claims a photo and loses its entry to B (XCLAIM, as XAUTOCLAIM does after a lost
-    heartbeat). A's render then fails for good while B renders: A records nothing and
-    leaves the entry to B, and B publishes; no dead letter."""
+    heartbeat). A's render then fails for good while B renders: A's failure, under the
+    older token of its own claim, records nothing and leaves the entry to B, and B
+    publishes; no dead letter."""
     a, client = worker, worker.streams.client
     b_streams = Streams(client, a.streams.stream, "darkroom", "w2", a.streams.dead_stream)
     b = Worker(a.settings, a.pool, b_streams, a.storage, clock=FakeClock())
@@ -71,11 +72,15 @@ async def test_a_consumer_that_lost_the_entry_cannot_fail_what_its_new_owner_pub
     await db.insert_photo(a.pool, photo_id, key)
     await a.streams.enqueue(task_fields(photo_id))
     [entry] = await a.streams.read_new(1, 100)
-    assert (await db.claim(a.pool, photo_id, entry.id, "w1")).outcome == "claimed"
+    # A's claim (no lease of its own: B may take the job at once), held as A's delivery
+    a_claim = await leases.claim(a.pool, photo_id, entry.id, "w1")
+    assert a_claim.outcome == "claimed"
+    assert a.in_flight.admit(entry.id)
+    a.in_flight.claimed(entry.id, a_claim)
     await client.xclaim(a.streams.stream, "darkroom", "w2", 0, [entry.id])
-    publish, pending_after_a = db.publish, []
+    publish, pending_after_a = publishing.publish, []
 
-    async def publish_after_a_fails(*args: object) -> bool:
+    async def publish_after_a_fails(*args: object) -> publishing.Published:
         late = CorruptImageError("A's render failed after B took the entry")
         await a.jobs._fail(entry, 1, late, structlog.get_logger())
         pending_after_a.extend(
@@ -83,7 +88,7 @@ async def test_a_consumer_that_lost_the_entry_cannot_fail_what_its_new_owner_pub
         )
         return await publish(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(db, "publish", publish_after_a_fails)
+    monkeypatch.setattr(publishing, "publish", publish_after_a_fails)
     async with b.renderer:
         await b.jobs.handle(entry, 2)
     row = await a.pool.fetchrow(

@@ -35,11 +35,11 @@ from darkroom.image.renderer import RenderPool
 from darkroom.queue import policy
 from darkroom.queue.inflight import InFlight
 from darkroom.queue.lanes import MAX_TENANT_CHARS
-from darkroom.queue.messages import DeadLetter, Entry, enqueued_ms, parse_task
+from darkroom.queue.messages import DeadLetter, Entry, enqueued_ms, parse_task, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.recorder import Recorder
 from darkroom.settings import Settings
-from darkroom.store import db, history, keys
+from darkroom.store import db, history, keys, leases, publishing
 from darkroom.store.storage import CONTENT_TYPES, Storage, Upload
 
 log = structlog.get_logger("darkroom.jobs")
@@ -49,6 +49,20 @@ log = structlog.get_logger("darkroom.jobs")
 RECORD_DEADLINE_S = 20.0
 # Giving a claim back at a stop waits at most this long (the process is on its way out).
 RELEASE_DEADLINE_S = 2.0
+
+
+# Outcomes whose entry is not this delivery's to ack: a live owner's (busy), a newer lease's
+# (lease_lost).
+NOT_OURS = frozenset({"busy", "lease_lost"})
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a failure is recorded under: the lease's token (0: this delivery claimed
+    nothing) and the attempt number the dead letter reports."""
+
+    token: int
+    attempt: int
 
 
 class LeftPending(Exception):
@@ -77,13 +91,13 @@ class Jobs:
     stopping: anyio.Event
     # The worker's in-flight entries (their owner) and what each claimed; an entry is
     # settled before its backoff is set, so a late heartbeat cannot cancel the delay.
-    in_flight: InFlight[db.Claim]
+    in_flight: InFlight[leases.Claim]
     # This process, as the holder of the jobs it claims (a consumer name may be reused by
     # the next process; this never is).
     holder: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self) -> None:
-        self.lease = db.Lease(
+        self.lease = leases.Lease(
             self.holder, policy.lease_ms(self.settings.claim_idle_ms), self.settings.max_attempts
         )
         self.recorder = Recorder(self.pool, self.streams.consumer, self.settings.history)
@@ -129,7 +143,7 @@ class Jobs:
         while True:
             try:
                 outcome = outcome or await self._process(entry, deliveries)
-                if outcome != "busy":  # a busy job's entry belongs to its live owner
+                if outcome not in NOT_OURS:
                     await self._stream(entry).ack(entry.id)
                 return outcome
             except DarkroomError as exc:
@@ -175,8 +189,8 @@ class Jobs:
         claim = self.in_flight.claim_of(entry.id)
         if claim is not None and claim.outcome == "claimed":
             try:
-                age_s = await db.transient_streak_s(
-                    self.pool, claim.photo_id, self.lease, streak.restart
+                age_s = await leases.transient_streak_s(
+                    self.pool, claim.photo_id, claim.token, streak.restart
                 )
             except DarkroomError:
                 age_s = None  # the database is what fails: this worker's clock meanwhile
@@ -193,7 +207,7 @@ class Jobs:
         with anyio.CancelScope(shield=True) as scope:
             scope.deadline = anyio.current_time() + RELEASE_DEADLINE_S
             try:
-                await db.release(self.pool, claim.photo_id, self.lease)
+                await leases.release(self.pool, claim.photo_id, claim.token)
             except DarkroomError as exc:
                 log.warning("could not give the claim back; it counts as an attempt",
                             entry_id=entry.id, error=str(exc))  # fmt: skip
@@ -224,25 +238,39 @@ class Jobs:
             renditions = await self._upload(task.photo_id, result)
         facts = result.facts.row(len(original), keep_location=self.settings.keep_location)
         with self.recorder.timed(entry, "publish"):
-            replaced = await db.publish(
+            published = await publishing.publish(
                 self.pool, task.photo_id, facts, msgspec.json.encode(renditions).decode(),
-                self.recorder.publishing(entry),
+                (claim.token, entry.id), self.recorder.publishing(entry),
             )  # fmt: skip
-        if replaced is None:
-            return "already"
+        if published.status != "published":
+            return _refused(entry, claim, published.status)
         self.recorder.published(entry)
         if "tenant" in entry.fields:  # a bulk entry (the feeder's)
             pixels = int(facts.get("width") or 0) * int(facts.get("height") or 0)
             metrics.count_tenant_done(entry.fields["tenant"], pixels, self.named_tenants)
         current = [r["key"] for r in renditions]
-        await self._delete_superseded(task.photo_id, keys.superseded(replaced, current))
+        await self._delete_superseded(task.photo_id, keys.superseded(published.replaced, current))
+        if published.again:
+            await self._again(entry, task.photo_id)
         return "published"
 
-    async def _claim(self, entry: Entry, photo_id: uuid.UUID) -> db.Claim:
+    async def _again(self, entry: Entry, photo_id: uuid.UUID) -> None:
+        """A re-render requested while this one ran is still to do: once more, through the
+        photo's lane. The publish cleared `enqueued_at`: a bulk photo goes back to the
+        feeder; an interactive one is XADDed here (the intake finds it should this process
+        die first)."""
+        log.info("re-render requested during the render; enqueued again",
+                 photo_id=str(photo_id), lane=entry.lane)  # fmt: skip
+        if entry.lane != "interactive":
+            return
+        entry_id = await self.streams.for_lane("interactive").enqueue(task_fields(photo_id))
+        await db.record_requeued(self.pool, photo_id, entry_id)
+
+    async def _claim(self, entry: Entry, photo_id: uuid.UUID) -> leases.Claim:
         """One claim per delivery, however often retried in place (kept with the entry).
         The job is claimed before any failure is recorded: only its owner may record one."""
         cached = self.in_flight.claim_of(entry.id)
-        claim = cached or await db.claim(
+        claim = cached or await leases.claim(
             self.pool, photo_id, entry.id, self.streams.consumer, self.lease,
             self.recorder.lane_of(entry),
         )  # fmt: skip
@@ -251,7 +279,7 @@ class Jobs:
             self.recorder.begun(entry, claim.history_row)
         return claim
 
-    async def _unclaimed(self, entry: Entry, deliveries: int, claim: db.Claim) -> str:
+    async def _unclaimed(self, entry: Entry, deliveries: int, claim: leases.Claim) -> str:
         if claim.outcome == "exhausted":
             await self._past_the_cap(claim.photo_id, f"attempted {claim.attempt - 1} times")
             return "already"  # a re-render given up, or a photo gone meanwhile
@@ -275,15 +303,16 @@ class Jobs:
             f"{code or 'none recorded (the worker died)'} {message or ''}".strip()
         )
 
-    async def _step_aside(self, entry: Entry, claim: db.Claim) -> str:
+    async def _step_aside(self, entry: Entry, claim: leases.Claim) -> str:
         """The job's owner lives (its lease runs; a Redis outage ate its heartbeat): its own
-        entry goes back to it, counting no delivery; a duplicate entry stays pending and
-        comes back after CLAIM_IDLE_MS, when the photo is finished or its owner gone. A
-        duplicate of a photo this very process is rendering is acked at once: the entry it
-        renders through finishes it, or is reclaimed if this process dies."""
+        entry goes back to it, counting no delivery. A duplicate entry (another entry of a
+        photo a live lease holds) is acked at once: the owner's entry stays pending until
+        its outcome, so it finishes the photo, or is reclaimed if its owner dies, and a
+        request made meanwhile is answered by the owner's publish (generations)."""
         self.in_flight.settle(entry.id)
-        if claim.owner == self.streams.consumer and claim.last_entry != entry.id:
-            log.info("duplicate of a photo this worker is rendering; acked", entry_id=entry.id,
+        if claim.owner is not None and claim.last_entry != entry.id:
+            log.info("duplicate of a photo a live worker is rendering; acked",
+                     entry_id=entry.id, owner=claim.owner,
                      rendering_entry=claim.last_entry)  # fmt: skip
             return "already"
         handed = bool(claim.owner) and claim.last_entry == entry.id
@@ -293,7 +322,7 @@ class Jobs:
                  owner=claim.owner, handed_back=handed)  # fmt: skip
         return "busy"
 
-    async def _finish_failure(self, entry: Entry, deliveries: int, claim: db.Claim) -> str:
+    async def _finish_failure(self, entry: Entry, deliveries: int, claim: leases.Claim) -> str:
         """The failure of this very entry was committed but its dead letter never written
         (Redis failed, or the worker died in between): write it now. A duplicate entry of
         a failed photo is just acked."""
@@ -348,7 +377,8 @@ class Jobs:
         # with a deadline, so a hung dependency cannot hold the stop forever.
         with anyio.CancelScope(shield=True) as scope:
             scope.deadline = anyio.current_time() + RECORD_DEADLINE_S
-            await self._record(entry, attempt, exc, decision, bound)
+            lease = Held(claim.token if claim else 0, attempt)
+            await self._record(entry, lease, exc, decision, bound)
             ending = history.Ending("failed" if final else "retrying", exc.code, str(exc))
             await self.recorder.end(entry, ending)
         if scope.cancelled_caught:
@@ -357,24 +387,26 @@ class Jobs:
     async def _record(
         self,
         entry: Entry,
-        attempt: int,
+        held: Held,
         exc: DarkroomError,
         decision: policy.Retry | policy.DeadLetter,
         bound: Any,
     ) -> None:
         try:
             if isinstance(decision, policy.Retry):
-                await self._retry_later(entry, exc, decision.delay_ms)
-                bound.warning("attempt failed; will retry", delay_ms=decision.delay_ms)
-            elif (ended := await self._dead_letter(entry, attempt, exc)) == "dead_lettered":
+                if await self._retry_later(entry, exc, decision.delay_ms, held.token):
+                    bound.warning("attempt failed; will retry", delay_ms=decision.delay_ms)
+                else:
+                    bound.warning("lease_lost", refused="retry")
+            elif (ended := await self._dead_letter(entry, held, exc)) == "dead_lettered":
                 metrics.OUTCOMES.labels("failed").inc()
                 bound.error("photo failed; dead-lettered")
             elif ended == "rerender_failed":
                 metrics.OUTCOMES.labels("failed").inc()
                 bound.error("re-render failed; the photo keeps its renditions")
             elif ended == "not_owner":
-                bound.warning("failure not recorded: this delivery does not own the job; "
-                              "the entry is left to its owner or to reclaim")  # fmt: skip
+                bound.warning("lease_lost", refused="failure",
+                              note="the entry is left to its owner or to reclaim")  # fmt: skip
             else:
                 metrics.OUTCOMES.labels("already").inc()
                 bound.warning("photo already finished by another delivery; acked")
@@ -382,42 +414,59 @@ class Jobs:
             # Nothing is lost: the entry stays pending and is reclaimed after the idle time.
             bound.error("could not record the failure; left pending", cause=str(follow_up))
 
-    async def _retry_later(self, entry: Entry, exc: DarkroomError, delay_ms: int) -> None:
+    async def _retry_later(
+        self, entry: Entry, exc: DarkroomError, delay_ms: int, token: int
+    ) -> bool:
+        """False when the lease was lost meanwhile: the job and its entry are the new
+        holder's, and neither is touched (the entry's backoff would take it back)."""
         photo_id = _photo_id(entry)
-        if photo_id is not None:
-            await db.record_retry(
-                self.pool, photo_id, entry.id, exc.code, str(exc), delay_ms, self.lease
+        if photo_id is not None and token:
+            kept = await leases.record_retry(
+                self.pool, photo_id, token, exc.code, str(exc), delay_ms
             )
+            if not kept:
+                return False
         idle_ms = policy.preset_idle_ms(self.settings.claim_idle_ms, delay_ms)
         await self._stream(entry).backoff(entry.id, idle_ms)
+        return True
 
-    async def _dead_letter(self, entry: Entry, deliveries: int, exc: DarkroomError) -> str:
+    async def _dead_letter(self, entry: Entry, held: Held, exc: DarkroomError) -> str:
         """Record the final failure, then the dead letter. When the photo is already
         terminal or gone (its one dead letter, if any, exists already) only an ack:
         `already`, or `rerender_failed` when a re-render of a processed photo failed (the
-        job records the code; the photo stays as it was, with its request set). When this
-        delivery does not own the job (another consumer reclaimed the entry, or it never
-        claimed), nothing: `not_owner`, the entry stays pending for its owner."""
-        photo_id, consumer = _photo_id(entry), self.streams.consumer
+        job records the code; the photo keeps its renditions, the request is answered). When this
+        delivery does not hold the job's lease (another process reclaimed the entry, or it
+        never claimed), nothing: `not_owner`, the entry stays pending for its owner."""
+        photo_id = _photo_id(entry)
         if photo_id is not None:
-            record = await db.record_failure(
-                self.pool, photo_id, entry.id, consumer, exc.code, str(exc)
+            record = await leases.record_failure(
+                self.pool, photo_id, held.token, entry.id, exc.code, str(exc)
             )
             if record == "not_owner":
                 return record
             if record == "finished":
-                rerender = await db.record_rerender_failure(
-                    self.pool, photo_id, entry.id, consumer, exc.code, str(exc)
-                )
-                if not rerender and await db.rerender_held_elsewhere(
-                    self.pool, photo_id, entry.id, consumer
-                ):
-                    return "not_owner"  # the re-render's new owner acks its entry itself
-                await self._stream(entry).ack(entry.id)
-                return "rerender_failed" if rerender else "already"
-        if not await self._write_dead_letter(entry, deliveries, exc.code, str(exc), exc.stage):
+                return await self._rerender_failed(entry, photo_id, held.token, exc)
+        if not await self._write_dead_letter(entry, held.attempt, exc.code, str(exc), exc.stage):
             return "not_owner"  # another consumer reclaimed the entry; it writes the letter
         return "dead_lettered"
+
+    async def _rerender_failed(
+        self, entry: Entry, photo_id: uuid.UUID, token: int, exc: DarkroomError
+    ) -> str:
+        """The photo is terminal: a failed re-render of the lease holder's is recorded (the
+        photo keeps its renditions; a request made during it goes through again), then the
+        entry is acked, unless a re-render under another lease holds it."""
+        failed = await leases.record_rerender_failure(
+            self.pool, photo_id, token, exc.code, str(exc)
+        )
+        if failed == "not_recorded" and await leases.rerender_held_elsewhere(
+            self.pool, photo_id, token
+        ):
+            return "not_owner"  # the re-render's new owner acks its entry itself
+        await self._stream(entry).ack(entry.id)
+        if failed == "again":
+            await self._again(entry, photo_id)
+        return "already" if failed == "not_recorded" else "rerender_failed"
 
     async def _write_dead_letter(
         self, entry: Entry, deliveries: int, code: str, message: str, stage: str
@@ -436,6 +485,14 @@ class Jobs:
             tenant=entry.fields.get("tenant", "")[:MAX_TENANT_CHARS],
         )
         return bool(await self._stream(entry).dead_letter(entry.id, letter.fields(entry)))
+
+
+def _refused(entry: Entry, claim: leases.Claim, status: str) -> str:
+    """A publish that matched no live lease of this claim: logged once, nothing changed.
+    Its uploads are left for `darkroom gc` (no row references them)."""
+    log.warning("lease_lost", entry_id=entry.id, photo_id=str(claim.photo_id),
+                token=claim.token, refused="publish", entry_taken=status == "lost")  # fmt: skip
+    return "lease_lost" if status == "lost" else "already"
 
 
 def _upload_of(photo_id: uuid.UUID, r: Rendered) -> Upload:

@@ -23,7 +23,7 @@ from darkroom import metrics
 from darkroom.duty import Duty, process_holder
 from darkroom.errors import DarkroomError
 from darkroom.queue.messages import Entry, parse_task
-from darkroom.store import db, duties, history
+from darkroom.store import db, duties, history, publishing
 
 log = structlog.get_logger("darkroom.recorder")
 
@@ -68,13 +68,13 @@ class Recorder:
         if row_id is not None:
             self.attempt(entry).row_id = row_id
 
-    def publishing(self, entry: Entry) -> db.AttemptRow:
+    def publishing(self, entry: Entry) -> publishing.AttemptRow:
         """The delivery's row as the publishing commit finishes it (no row: nothing)."""
         attempt = self.attempt(entry)
         if attempt.row_id is None:  # no row: nothing claimed, or DARKROOM_HISTORY=false
-            return db.AttemptRow()
+            return publishing.AttemptRow()
         stages = attempt.stages_ms.get
-        return db.AttemptRow(attempt.row_id, stages("download"), stages("render"),
+        return publishing.AttemptRow(attempt.row_id, stages("download"), stages("render"),
                              stages("upload"), attempt.peak_rss_mb)  # fmt: skip
 
     def published(self, entry: Entry) -> None:

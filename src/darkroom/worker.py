@@ -34,7 +34,7 @@ from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.streams import Streams
 from darkroom.relay import Relay
 from darkroom.settings import Settings
-from darkroom.store import db, duties, intake
+from darkroom.store import db, duties, intake, leases
 from darkroom.store.storage import Storage
 
 log = structlog.get_logger("darkroom.worker")
@@ -74,7 +74,7 @@ class Worker:
     def __post_init__(self) -> None:
         s = self.settings
         self.places = admission.Places.of(s.in_flight_bound, s.interactive_places, s.bulk_floor)
-        self.in_flight: InFlight[db.Claim] = InFlight(s.in_flight_bound + s.interactive_places)
+        self.in_flight: InFlight[leases.Claim] = InFlight(s.in_flight_bound + s.interactive_places)
         self.gate = Gate(
             {
                 "queue": self.streams.probe,
@@ -358,8 +358,8 @@ class Worker:
                 log.info("entries taken over by another consumer; not refreshed", entries=lost)
 
     async def _renew_leases(self) -> None:
-        photos = [c.photo_id for c in self.in_flight.young_claims() if c.outcome == "claimed"]
-        await db.renew_leases(self.pool, self.jobs.lease, photos)
+        held = [(c.photo_id, c.token) for c in self.in_flight.young_claims() if c.token]
+        await leases.renew_leases(self.pool, self.jobs.lease, held)
 
     async def _sweep_loop(self) -> None:
         period_s = max(1.0, min(self.settings.sweep_after_s / 2, 60.0))

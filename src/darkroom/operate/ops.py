@@ -19,7 +19,7 @@ from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.services import services
 from darkroom.settings import Settings, servers
-from darkroom.store import db, duties
+from darkroom.store import db, duties, publishing
 from darkroom.store import lanes as store_lanes
 
 # What a bulk (re-)enqueue prints instead of an entry id: the feeder enqueues it.
@@ -333,7 +333,7 @@ async def cmd_rerender(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     async with services(settings, 1) as (pool, streams):
         await streams.ensure_group()
-        marked = await db.request_rerender(pool, list(args.photo_ids), args.since)
+        marked = await publishing.request_rerender(pool, list(args.photo_ids), args.since)
         # a whole library goes through bulk unless told otherwise; named photos keep theirs
         lane = args.lane or ("bulk" if args.since else None)
         lost = [p for p in marked if not await _enqueued(pool, streams, p, lane, args.tenant)]

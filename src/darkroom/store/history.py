@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from darkroom.store.db import FACT_COLUMNS, Connection, Pool, translated
+from darkroom.store.db import Connection, Pool, translated
+from darkroom.store.publishing import FACT_COLUMNS
 
 STAGES = ("download", "render", "upload", "publish")
 ERROR_MAX_CHARS = 1000
@@ -171,7 +172,7 @@ FACTS_SQL = "SELECT {columns} FROM photos WHERE id = $1".format(columns=", ".joi
 
 @translated
 async def facts(pool: Pool, photo_id: uuid.UUID) -> dict[str, Any] | None:
-    """The facts read from the original at its render (db.FACT_COLUMNS), None: no photo."""
+    """The facts read from the original at its render (publishing.FACT_COLUMNS), None: no photo."""
     row = await pool.fetchrow(FACTS_SQL, photo_id)
     if row is None:
         return None

@@ -27,12 +27,24 @@ Notified = Callable[[str], None]
 # Interactive rows nobody enqueued whose commit is at least $1 ms old (the producer's own
 # XADD had that long to be claimed: a claim sets enqueued_at), oldest first.
 # photos_intake_idx.
+# With them, interactive re-renders requested while one ran whose worker died before its
+# XADD (the publish cleared enqueued_at; photos_rerender_due_idx), once $1 ms old too.
 DUE_SQL = """
-SELECT id, created_at, extract(epoch FROM now() - created_at)::float8 AS age_s
-FROM photos
-WHERE enqueued_at IS NULL AND lane = 'interactive'
-  AND processing_state IN ('uploaded', 'processing')
-  AND created_at < now() - $1 * interval '1 millisecond'
+(SELECT id, created_at, extract(epoch FROM now() - created_at)::float8 AS age_s
+ FROM photos
+ WHERE enqueued_at IS NULL AND lane = 'interactive'
+   AND processing_state IN ('uploaded', 'processing')
+   AND created_at < now() - $1 * interval '1 millisecond'
+ ORDER BY created_at, id
+ LIMIT $2)
+UNION ALL
+(SELECT id, updated_at, extract(epoch FROM now() - updated_at)::float8
+ FROM photos
+ WHERE enqueued_at IS NULL AND lane = 'interactive'
+   AND processing_state = 'processed' AND rerender_requested_at IS NOT NULL
+   AND updated_at < now() - $1 * interval '1 millisecond'
+ ORDER BY updated_at, id
+ LIMIT $2)
 ORDER BY created_at, id
 LIMIT $2
 """
@@ -96,6 +108,10 @@ SELECT EXISTS (SELECT 1 FROM photos
     OR ($1 AND EXISTS (SELECT 1 FROM photos
                        WHERE enqueued_at IS NULL AND lane = 'interactive'
                          AND processing_state IN ('uploaded', 'processing')))
+    OR ($1 AND EXISTS (SELECT 1 FROM photos
+                       WHERE enqueued_at IS NULL AND lane = 'interactive'
+                         AND processing_state = 'processed'
+                         AND rerender_requested_at IS NOT NULL))
 """
 
 # Before the XADD: the job row exists, so a worker that reads the entry at once finds it to

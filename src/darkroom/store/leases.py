@@ -1,0 +1,403 @@
+"""A job's lease in PostgreSQL: the claim that grants it with a fencing token, and every
+write its holder makes under it (renewal, transient streak, release, retry, final failure,
+failed re-render). Each such write is conditioned on the token the claim returned: a claim
+by anyone since makes it match no row, so a holder that froze past its lease cannot change
+what the new holder owns. A refused write says so (False, or an outcome naming it).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from darkroom.store.db import Pool, translated
+
+Outcome = Literal["claimed", "already", "skipped", "busy", "exhausted"]
+NO_PHOTO = uuid.UUID(int=0)
+
+
+@dataclass(frozen=True)
+class Claim:
+    outcome: Outcome
+    original_key: str = ""
+    # This run's attempt number: of this claim (claimed), of the refused one (exhausted),
+    # or the job's (busy).
+    attempt: int = 0
+    state: str = ""
+    # For a photo that already failed: where and how (to finish an unwritten dead letter);
+    # for a busy job: the entry it was claimed through.
+    last_entry: str | None = None
+    error_code: str | None = None
+    last_error: str | None = None
+    photo_id: uuid.UUID = NO_PHOTO
+    counted: bool = False  # this claim counted an attempt (not a claim by its own holder)
+    owner: str | None = None  # busy: the consumer whose live process holds the job
+    history_row: int | None = None  # the delivery's `running` row in photo_attempts
+    # The fencing token this claim was granted (claimed, exhausted): every write under the
+    # lease carries it. 0 for a claim that took no job.
+    token: int = 0
+
+
+# One statement. Lock the photo, then its job (so the job is read as it is now, not as the
+# statement's snapshot saw it before the photo's lock was granted). A terminal photo
+# (processed, or failed and not reset by a retry) is left alone: `already`. A job active
+# under a live lease of another consumer's process (its owner lives; a Redis outage ate its
+# heartbeat) is left alone too: `busy`, nothing counted. A claim by the job's own holder (a
+# lost reply, a reclaim of its own entry) counts nothing; any other claim counts one
+# attempt; past this run's attempts it is `exhausted`, and the job is taken all the same (it
+# is this delivery that records the failure, and only a job's owner may: FAIL_SQL).
+# Own means this process and this entry: another entry of a photo this process is working
+# on (a duplicate XADD, e.g. a producer's and the intake's) is `busy`, never a second render.
+# A job that is done or failed (a re-render, an operator retry) starts a new run. The photo
+# becomes `processing`; a processed photo with a re-render requested stays processed.
+# A claim sets `enqueued_at` if unset: the PostgreSQL intake never enqueues a photo again
+# once a worker claimed it through its producer's own XADD.
+# Every claim that takes the job, its own holder's included, grants the next fencing token
+# (`lease_token`, which only grows) and records the re-render generation it renders
+# (`generation`): a publish clears the requests up to that generation, no further.
+CLAIM_SQL = """
+WITH p AS (
+    SELECT id, original_key, processing_state, rerender_generation,
+           processing_state IN ('processed', 'processing_failed')
+           AND NOT (processing_state = 'processed' AND rerender_requested_at IS NOT NULL)
+           AS finished,
+           processing_state = 'processed' AS rerender
+    FROM photos WHERE id = $1 FOR UPDATE
+), prior AS (
+    SELECT j.id, j.state, j.attempt, j.run_offset, j.stream_entry, j.consumer, j.error_code,
+           j.last_error, j.lease_token,
+           j.state = 'active' AND j.holder = $4 AND j.stream_entry = $2 AS own,
+           j.state = 'active' AND j.lease_until > now()
+           AND ((j.holder IS DISTINCT FROM $4 AND j.consumer IS DISTINCT FROM $3)
+                OR (j.holder = $4 AND j.stream_entry IS DISTINCT FROM $2)) AS held
+    FROM photo_jobs j JOIN p ON j.photo_id = p.id
+    WHERE j.type = 'process'
+    FOR UPDATE OF j
+), next AS (
+    SELECT p.id AS photo_id, prior.id AS job_id, coalesce(prior.own, false) AS own,
+           coalesce(prior.attempt, 0) + CASE WHEN prior.own THEN 0 ELSE 1 END AS attempt,
+           CASE WHEN prior.state IN ('done', 'failed') THEN prior.attempt
+                ELSE coalesce(prior.run_offset, 0) END AS run_offset,
+           coalesce(prior.lease_token, 0) + 1 AS lease_token,
+           p.rerender_generation AS generation
+    FROM p LEFT JOIN prior ON true
+    WHERE NOT p.finished AND NOT coalesce(prior.held, false)
+), job AS (
+    INSERT INTO photo_jobs AS j (id, photo_id, type, state, attempt, run_offset, stream_entry,
+                                 consumer, holder, lease_until, started_at, lease_token,
+                                 generation)
+    SELECT coalesce(job_id, nextval(pg_get_serial_sequence('photo_jobs', 'id'))), photo_id,
+           'process', 'active', attempt, run_offset, $2, $3, $4,
+           now() + $5 * interval '1 millisecond', now(), lease_token, generation
+    FROM next
+    ON CONFLICT (photo_id, type) DO UPDATE SET
+        state = 'active',
+        attempt = EXCLUDED.attempt,
+        run_offset = EXCLUDED.run_offset,
+        stream_entry = EXCLUDED.stream_entry,
+        consumer = EXCLUDED.consumer,
+        holder = EXCLUDED.holder,
+        lease_until = EXCLUDED.lease_until,
+        lease_token = EXCLUDED.lease_token,
+        generation = EXCLUDED.generation,
+        started_at = now(),
+        next_retry_at = NULL,
+        updated_at = now()
+    -- only the job locked in `prior`: one inserted meanwhile is another claim's
+    WHERE j.id = EXCLUDED.id
+    RETURNING attempt - run_offset AS run_attempt, lease_token
+), photo AS (
+    UPDATE photos SET processing_state = 'processing', error_code = NULL, updated_at = now(),
+        last_activity_at = now(), enqueued_at = coalesce(photos.enqueued_at, now())
+    FROM p WHERE photos.id = p.id AND NOT p.rerender AND EXISTS (SELECT 1 FROM job)
+), attempt_row AS (
+    -- the delivery's `running` history row, in the claim's own commit ($7: its lane;
+    -- NULL with DARKROOM_HISTORY=false). A claim by the job's own holder (its first reply
+    -- was lost) has its row already: no second one, which would stay `running` for good.
+    INSERT INTO photo_attempts (photo_id, entry_id, consumer, lane)
+    SELECT $1, $2, $3, $7 FROM job
+    WHERE $7::text IS NOT NULL AND NOT (SELECT own FROM next)
+    RETURNING id
+), own_row AS (
+    SELECT a.id FROM photo_attempts a
+    WHERE a.photo_id = $1 AND a.entry_id = $2 AND a.consumer = $3 AND a.outcome = 'running'
+      AND $7::text IS NOT NULL AND (SELECT own FROM next) AND EXISTS (SELECT 1 FROM job)
+    ORDER BY a.id DESC LIMIT 1
+)
+SELECT p.original_key, p.finished, p.processing_state, job.run_attempt, job.lease_token,
+       next.attempt - next.run_offset AS next_attempt, next.own,
+       NOT next.own AND next.attempt - next.run_offset > $6 AS over_cap, prior.held,
+       prior.stream_entry, prior.consumer, prior.error_code, prior.last_error,
+       coalesce((SELECT id FROM attempt_row), (SELECT id FROM own_row)) AS attempt_row
+FROM p LEFT JOIN job ON true LEFT JOIN prior ON true LEFT JOIN next ON true
+"""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Who claims: the worker process (`holder`, unique per process), how long its lease
+    runs between heartbeats, and this run's attempt cap (DARKROOM_MAX_ATTEMPTS)."""
+
+    holder: str | None
+    ms: int
+    max_attempts: int
+
+    @property
+    def args(self) -> tuple[str | None, int, int]:
+        """CLAIM_SQL's $4, $5, $6."""
+        return self.holder, self.ms, self.max_attempts
+
+
+# A claim from outside any worker process (a tool, a test): every one counts, none is
+# held, no cap.
+NO_LEASE = Lease(None, 0, 2**31 - 1)
+
+
+@translated
+async def claim(
+    pool: Pool,
+    photo_id: uuid.UUID,
+    entry_id: str,
+    consumer: str,
+    lease: Lease = NO_LEASE,
+    history_lane: str | None = None,
+) -> Claim:
+    """`history_lane`: write the delivery's `running` history row (with that lane) in the
+    same statement when a job is claimed; None writes none."""
+    row = await pool.fetchrow(CLAIM_SQL, photo_id, entry_id, consumer, *lease.args, history_lane)
+    if row is None:
+        return Claim("skipped", photo_id=photo_id)
+    return _claim_of(photo_id, row)
+
+
+def _claim_of(photo_id: uuid.UUID, row: Any) -> Claim:
+    base = Claim("already", row["original_key"], state=row["processing_state"],
+                 last_entry=row["stream_entry"], error_code=row["error_code"],
+                 last_error=row["last_error"], photo_id=photo_id,
+                 history_row=row["attempt_row"],
+                 token=row["lease_token"] or 0)  # fmt: skip
+    if row["finished"]:
+        return base
+    if row["over_cap"]:  # the job is taken all the same: only its owner records a failure
+        return replace(base, outcome="exhausted", attempt=row["next_attempt"])
+    if row["run_attempt"] is not None:
+        return replace(base, outcome="claimed", attempt=row["run_attempt"], counted=not row["own"])
+    # a live owner, or (rarely) a claim that committed while this one waited for the photo
+    return replace(base, outcome="busy", owner=row["consumer"] if row["held"] else None)
+
+
+# A retry is recorded by the lease holder alone: the token its claim was granted. A stale
+# delivery (its photo re-enqueued and claimed through another entry since, or its entry
+# reclaimed by another process) changes nothing. The attempt its claim counted stands.
+RETRY_SQL = """
+WITH job AS (
+UPDATE photo_jobs SET state = 'pending', error_code = $2, last_error = $3,
+    next_retry_at = now() + $4 * interval '1 millisecond', transient_since = NULL,
+    updated_at = now()
+WHERE photo_id = $1 AND type = 'process' AND state = 'active' AND lease_token = $5
+RETURNING photo_id
+)
+-- The photo's last activity moves with its job (the sweeper's keyset column). Every other
+-- statement locks the photo before the job: SKIP LOCKED keeps this job-first one from
+-- deadlocking with them, and whoever holds the photo sets last_activity_at itself.
+, photo AS (
+UPDATE photos SET last_activity_at = now()
+WHERE id IN (SELECT id FROM photos WHERE id IN (SELECT photo_id FROM job) FOR UPDATE SKIP LOCKED)
+)
+SELECT count(*) FROM job
+"""
+
+
+@translated
+async def record_retry(
+    pool: Pool, photo_id: uuid.UUID, token: int, code: str, message: str, delay_ms: int
+) -> bool:
+    """False when the lease of `token` is lost (nothing is changed then)."""
+    changed = await pool.fetchval(RETRY_SQL, photo_id, code, message[:2000], delay_ms, token)
+    return bool(changed)
+
+
+# A final failure only by the lease holder ($4: its token), the job still `active`. A
+# process that lost the entry to another consumer (XAUTOCLAIM after a lost heartbeat)
+# cannot fail the photo its new owner is publishing; a stale duplicate of a photo
+# re-enqueued through a newer entry cannot fail it either. One statement: the photo is
+# locked first, as by every other statement that changes both.
+FAIL_SQL = """
+WITH p AS (
+    SELECT id, processing_state IN ('uploaded', 'processing') AS open
+    FROM photos WHERE id = $1 FOR UPDATE
+), j AS (
+    -- locked after the photo, so this is the job as it is now: a claim that took it over
+    -- meanwhile (under the photo's lock) has committed
+    SELECT jobs.stream_entry, jobs.lease_token = $4 AND jobs.state = 'active' AS owned
+    FROM photo_jobs jobs JOIN p ON jobs.photo_id = p.id
+    WHERE jobs.type = 'process'
+    FOR UPDATE OF jobs
+), job AS (
+    UPDATE photo_jobs SET state = 'failed', error_code = $2, last_error = $3,
+        next_retry_at = NULL, transient_since = NULL, finished_at = now(), updated_at = now()
+    FROM p, j WHERE photo_jobs.photo_id = p.id AND photo_jobs.type = 'process'
+      AND p.open AND j.owned
+    RETURNING photo_jobs.photo_id
+), photo AS (
+    UPDATE photos SET processing_state = 'processing_failed', error_code = $2,
+        updated_at = now(), last_activity_at = now()
+    WHERE id IN (SELECT photo_id FROM job)
+    RETURNING photos AS changed
+), event AS (
+    INSERT INTO photo_events (photo_id, type, data)
+    SELECT (changed).id, 'darkroom.photo.failed', darkroom_event_data(changed, $2, $3)
+    FROM photo
+    RETURNING pg_notify('darkroom_events', darkroom_event_notice(id, photo_id, type))
+)
+SELECT CASE
+    WHEN EXISTS (SELECT 1 FROM job) THEN 'failed'
+    WHEN NOT EXISTS (SELECT 1 FROM p WHERE open) THEN 'finished'
+    WHEN EXISTS (SELECT 1 FROM j WHERE stream_entry <> $5) THEN 'finished'
+    ELSE 'not_owner' END
+"""
+
+FailRecord = Literal["failed", "finished", "not_owner"]
+
+
+@translated
+async def record_failure(
+    pool: Pool, photo_id: uuid.UUID, token: int, entry_id: str, code: str, message: str
+) -> FailRecord:
+    """Final failure, atomically on job and photo, by the lease holder: `failed`. Nothing
+    changes otherwise: `finished` when the photo is already terminal (processed, or failed
+    through another delivery), gone, or its job now goes through another entry (this entry
+    is a stale duplicate); `not_owner` when another claim of this same entry holds the job
+    (another process reclaimed it) or this delivery never claimed it (`token` 0)."""
+    record: FailRecord = await pool.fetchval(
+        FAIL_SQL, photo_id, code, message[:2000], token, entry_id
+    )
+    return record
+
+
+# A re-render (a processed photo with a request) that failed for good, by the lease holder:
+# its job records the code and message, the photo keeps its renditions and state. The
+# requests up to the generation it rendered are answered (by this failure); a request made
+# since is not: it stays, and `enqueued_at` is cleared so that the feeder puts the photo
+# through again. So a failed re-render never stays counted as in flight.
+RERENDER_FAILED_SQL = """
+WITH p AS (
+    -- the photo first, as every statement that writes an event (its order per photo)
+    SELECT id, processing_state, rerender_requested_at, rerender_generation, photos AS photo
+    FROM photos WHERE id = $1 FOR UPDATE
+), job AS (
+UPDATE photo_jobs j SET state = 'failed', error_code = $2, last_error = $3,
+    next_retry_at = NULL, transient_since = NULL, finished_at = now(), updated_at = now()
+FROM p
+WHERE j.photo_id = $1 AND j.type = 'process' AND j.state = 'active' AND j.lease_token = $4
+  AND p.id = $1 AND p.processing_state = 'processed' AND p.rerender_requested_at IS NOT NULL
+RETURNING j.photo_id, p.rerender_generation > j.generation AS again
+), photo AS (
+    UPDATE photos SET
+        rerender_requested_at = CASE WHEN job.again THEN rerender_requested_at END,
+        enqueued_at = CASE WHEN job.again THEN NULL ELSE enqueued_at END,
+        updated_at = now(), last_activity_at = now()
+    FROM job WHERE photos.id = job.photo_id
+), event AS (
+    INSERT INTO photo_events (photo_id, type, data)
+    SELECT p.id, 'darkroom.photo.rerender_failed', darkroom_event_data(p.photo, $2, $3)
+    FROM p WHERE p.id IN (SELECT photo_id FROM job)
+    RETURNING pg_notify('darkroom_events', darkroom_event_notice(id, photo_id, type))
+)
+SELECT photo_id, again FROM job
+"""
+
+
+RerenderFailed = Literal["answered", "again", "not_recorded"]
+
+
+@translated
+async def record_rerender_failure(
+    pool: Pool, photo_id: uuid.UUID, token: int, code: str, message: str
+) -> RerenderFailed:
+    """`answered` (every request was this render's), `again` (a request made during it
+    goes through once more), or `not_recorded`: no failed re-render of this lease's
+    (nothing changed)."""
+    row = await pool.fetchrow(RERENDER_FAILED_SQL, photo_id, code, message[:2000], token)
+    if row is None:
+        return "not_recorded"
+    return "again" if row["again"] else "answered"
+
+
+# The heartbeat of this process's claims: their leases move on, so a worker that reclaims
+# one of their entries (a Redis outage ate the stream's heartbeat) finds the owner alive.
+# Each lease by its own token: a job claimed since by anyone is not renewed.
+RENEW_SQL = """
+UPDATE photo_jobs j SET lease_until = now() + $3 * interval '1 millisecond'
+FROM unnest($1::uuid[], $2::bigint[]) AS held(photo_id, token)
+WHERE j.photo_id = held.photo_id AND j.type = 'process' AND j.state = 'active'
+  AND j.lease_token = held.token
+RETURNING j.photo_id
+"""
+
+
+@translated
+async def renew_leases(
+    pool: Pool, lease: Lease, held: list[tuple[uuid.UUID, int]]
+) -> set[uuid.UUID]:
+    """Renew each (photo, token) still held; the photos whose lease was renewed (a photo
+    missing from the answer has been claimed by someone since: its lease is lost)."""
+    if not held:
+        return set()
+    photos, tokens = [p for p, _ in held], [t for _, t in held]
+    rows = await pool.fetch(RENEW_SQL, photos, tokens, lease.ms)
+    return {row["photo_id"] for row in rows}
+
+
+# The photo's streak of transient errors, on the job this lease holds: started now unless
+# one runs already (`$3`: an outage ended the last one); its age in seconds, by the
+# database's clock. Kept across restarts and reclaims; publish, failure and retry clear it.
+STREAK_SQL = """
+UPDATE photo_jobs SET transient_since = CASE WHEN $3 OR transient_since IS NULL THEN now()
+                                             ELSE transient_since END
+WHERE photo_id = $1 AND type = 'process' AND state = 'active' AND lease_token = $2
+RETURNING extract(epoch FROM now() - transient_since)::float8
+"""
+
+
+@translated
+async def transient_streak_s(
+    pool: Pool, photo_id: uuid.UUID, token: int, restart: bool
+) -> float | None:
+    """None when the lease of `token` is lost."""
+    age_s: float | None = await pool.fetchval(STREAK_SQL, photo_id, token, restart)
+    return age_s
+
+
+# A stop cut this lease short (a wait in place, the grace period): not an attempt. Undone
+# in the statement that gives the job back, so the next claim counts once.
+RELEASE_SQL = """
+UPDATE photo_jobs SET state = 'pending', attempt = greatest(run_offset, attempt - 1),
+    lease_until = NULL, updated_at = now()
+WHERE photo_id = $1 AND type = 'process' AND state = 'active' AND lease_token = $2
+RETURNING attempt
+"""
+
+
+@translated
+async def release(pool: Pool, photo_id: uuid.UUID, token: int) -> bool:
+    """False when the lease of `token` is lost (nothing is changed then)."""
+    return await pool.fetchval(RELEASE_SQL, photo_id, token) is not None
+
+
+@translated
+async def rerender_held_elsewhere(pool: Pool, photo_id: uuid.UUID, token: int) -> bool:
+    """A re-render of this photo is under way under another lease (its job active with
+    another token): a stale delivery must leave the entry to it."""
+    held = await pool.fetchval(RERENDER_HELD_SQL, photo_id, token)
+    return bool(held)
+
+
+RERENDER_HELD_SQL = """
+SELECT EXISTS (
+    SELECT 1 FROM photos p JOIN photo_jobs j ON j.photo_id = p.id
+    WHERE p.id = $1 AND p.processing_state = 'processed'
+      AND p.rerender_requested_at IS NOT NULL AND j.type = 'process'
+      AND j.state = 'active' AND j.lease_token <> $2)
+"""
