@@ -19,7 +19,7 @@ from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.services import services
 from darkroom.settings import Settings, servers
-from darkroom.store import db
+from darkroom.store import db, intake
 from darkroom.store import lanes as store_lanes
 
 # What a bulk (re-)enqueue prints instead of an entry id: the feeder enqueues it.
@@ -226,6 +226,7 @@ async def enqueue_again(
         await store_lanes.set_lane(pool, photo_id, lane, tenant)
     if (lane or await store_lanes.lane_of(pool, photo_id)) == "bulk":
         return FED if await store_lanes.to_feeder(pool, photo_id) else None
+    await intake.prepare_jobs(pool, [photo_id])  # before the XADD, as the sweep does
     entry_id = await streams.for_lane("interactive").enqueue(task_fields(photo_id))
     await db.record_requeued(pool, photo_id, entry_id)
     return entry_id

@@ -16,6 +16,7 @@ import asyncpg
 
 from darkroom import errors
 from darkroom.store.db import ERRORS, Pool, translated
+from darkroom.store.db import Connection as PooledConnection
 
 INTAKE_CHANNEL = "darkroom_intake"
 FEEDER_LOCK = "darkroom:feeder"
@@ -140,7 +141,9 @@ async def has_unfed(pool: Pool, interactive: bool) -> bool:
 
 
 @translated
-async def prepare_jobs(conn: Connection, photo_ids: list[uuid.UUID]) -> None:
+async def prepare_jobs(
+    conn: Pool | PooledConnection | Connection, photo_ids: list[uuid.UUID]
+) -> None:
     await conn.execute(PREPARE_JOBS_SQL, photo_ids)
 
 
