@@ -127,7 +127,7 @@ def test_a_bulk_photo_the_feeder_does_not_take_is_reported_and_its_letter_kept(
         letter = {"photo_id": str(photo_id), "lane": "bulk", "error_code": "corrupt_image"}
         file_env.redis.xadd(file_env.dead, letter)
     replay = file_env.cli("dlq", "replay")
-    assert replay.stdout.count("skipped: its bulk photo is gone, or processed since") == 2
+    assert replay.stdout.count("skipped: its photo is gone, processed, or sent back already") == 2
     assert "2 skipped" in replay.stderr
     assert file_env.redis.xlen(file_env.dead) == 2, "the letters stay"
     assert file_env.redis.xlen(bulk_stream(file_env)) == 0

@@ -40,6 +40,10 @@ class Skipped:
 
 NO_PHOTO_ID = Skipped("no photo_id; the letter stays")
 TAKEN = Skipped("another replay took it")
+NOT_FAILED = Skipped(
+    "its photo is gone, processed, or sent back already (by another letter of it, or a "
+    "retry); the letter stays"
+)
 GONE_OR_DONE = Skipped("its bulk photo is gone, or processed since; the letter stays")
 
 # A consumer idle longer than this is marked in `status` and pruned by default (1 h).
@@ -173,14 +177,17 @@ def pick_letters(entries: list[Entry], code: str | None, limit: int) -> tuple[li
 
 async def replay_letter(pool: db.Pool, streams: Streams, letter: Entry) -> str | Skipped:
     """Reset the photo to `uploaded`, then move the letter back onto the work stream in one
-    script (so never twice, even by two replays at once). The new entry id (FED for a bulk
-    letter), or why nothing was enqueued."""
+    script (so never twice, even by two replays at once). Only a failed photo is enqueued:
+    a second letter of a photo another letter (or `retry`) already sent back would put a
+    second entry beside the first. The new entry id (FED for a bulk letter), or why
+    nothing was enqueued."""
     raw = letter.fields.get("photo_id")
     try:
         photo_id = uuid.UUID(raw or "")
     except ValueError:
         return NO_PHOTO_ID
-    await db.reset_failed(pool, photo_id)
+    if not await db.reset_failed(pool, photo_id):
+        return NOT_FAILED
     if letter.fields.get("lane") == "bulk":
         return await _replay_to_feeder(pool, streams, letter.id, photo_id)
     new_id = await streams.for_lane("interactive").replay_once(letter.id, task_fields(photo_id))
