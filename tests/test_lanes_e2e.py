@@ -134,6 +134,20 @@ def test_a_bulk_photo_the_feeder_does_not_take_is_reported_and_its_letter_kept(
     assert lane_of(file_env, done)["enqueued_at"] == fed_at
 
 
+def test_a_refused_enqueue_changes_nothing(file_env: Env) -> None:
+    """`enqueue --lane bulk --tenant` of a failed photo exits 1 and leaves its lane,
+    tenant, state and enqueue time as they were."""
+    [photo_id] = ingest(file_env, [PHOTOS / "4.webp"], "--tenant", "acme")
+    break_original(file_env, photo_id)
+    file_env.cli("run", "--drain")
+    before = lane_of(file_env, photo_id)
+    refused = file_env.cli("enqueue", "--lane", "bulk", "--tenant", "t9", str(photo_id),
+                           check=False)  # fmt: skip
+    assert (refused.returncode, refused.stdout) == (1, ""), refused
+    assert lane_of(file_env, photo_id) == before
+    assert state(file_env, photo_id)[0] == "processing_failed"
+
+
 def test_enqueue_moves_a_photo_between_lanes(file_env: Env) -> None:
     """`enqueue --lane bulk` hands a photo to the feeder; `--lane interactive` XADDs it."""
     [photo_id] = ingest(file_env, [PHOTOS / "4.webp"])

@@ -228,11 +228,12 @@ async def enqueue_again(
     """Into the photo's own lane, or into `lane` (recorded in its row, with `tenant`).
     Interactive: XADD and remember the entry it now goes through (the sweeper and the
     owning-entry guards read it), the new entry id; bulk: to the feeder, FED, or None when
-    the feeder does not take it (the photo is gone or finished): nothing was enqueued."""
+    the feeder does not take it (the photo is gone or finished): nothing was enqueued,
+    and its lane and tenant are as they were."""
+    if (lane or await store_lanes.lane_of(pool, photo_id)) == "bulk":
+        return FED if await store_lanes.to_feeder(pool, photo_id, tenant) else None
     if lane is not None or tenant is not None:
         await store_lanes.set_lane(pool, photo_id, lane, tenant)
-    if (lane or await store_lanes.lane_of(pool, photo_id)) == "bulk":
-        return FED if await store_lanes.to_feeder(pool, photo_id) else None
     await intake.prepare_jobs(pool, [photo_id])  # before the XADD, as the sweep does
     entry_id = await streams.for_lane("interactive").enqueue(task_fields(photo_id))
     await db.record_requeued(pool, photo_id, entry_id)
