@@ -5,8 +5,8 @@ Backends raise OriginalMissingError for an absent object, OriginalTooLargeError 
 byte cap, ObjectForbiddenError for one object denied while the bucket answers, and
 StorageUnavailableError (an outage) for everything else. `get` reads a whole object (the
 worker renders it); `open` streams one in chunks of CHUNK_BYTES (the web page serves it).
-`list` pages through a prefix and `delete` removes one object (absent is fine): what
-`darkroom gc` needs.
+`list` pages through a prefix, `stat` reads one object's size and write time afresh, and
+`delete` removes one object (absent is fine): what `darkroom gc` needs.
 """
 
 from __future__ import annotations
@@ -101,6 +101,9 @@ class Storage(Protocol):
     def list(self, prefix: str) -> AsyncIterator[Page]:
         """Every object whose key starts with `prefix` (a folder, ending in `/`), by pages."""
 
+    async def stat(self, key: str) -> StoredObject | None:
+        """One object as it is now (None: absent), not as a listing saw it a while ago."""
+
     async def probe(self) -> None:
         """Raise StorageUnavailableError unless the worker can write and read an object."""
 
@@ -183,6 +186,13 @@ class FileStorage:
                 yield await anyio.to_thread.run_sync(_scan, self._base, top, chunk)
         except OSError as exc:
             raise StorageUnavailableError(f"listing {prefix}: {exc}") from exc
+
+    async def stat(self, key: str) -> StoredObject | None:
+        try:
+            found = await anyio.to_thread.run_sync(_stat_file, self._path(key))
+        except OSError as exc:
+            raise _file_error(f"reading {key}", exc) from exc
+        return None if found is None else StoredObject(key, found.st_size, found.st_mtime)
 
     async def probe(self) -> None:
         """Write and read back a small object: a read-only or full disk fails it."""
@@ -335,6 +345,13 @@ def _remove_file(path: Path) -> None:
         path.unlink()
 
 
+def _stat_file(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
 def _sorted_names(top: Path) -> list[str]:
     try:
         return sorted(os.listdir(top))
@@ -376,6 +393,7 @@ def _codes(*codes: str) -> Any:
 DENIED = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
           "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled", "AccountProblem",
           "Forbidden", "403")  # fmt: skip
+ABSENT = ("404", "NoSuchKey", "NotFound")
 THROTTLED = ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
              "TooManyRequests", "RequestTimeout", "503")  # fmt: skip
 
@@ -499,6 +517,24 @@ class S3Storage:
     def _listed(self, item: dict[str, Any]) -> StoredObject:
         key = str(item["Key"]).removeprefix(self.prefix)
         return StoredObject(key, int(item.get("Size") or 0), item["LastModified"].timestamp())
+
+    async def stat(self, key: str) -> StoredObject | None:
+        """HEAD: a missing object answers 404 (a HEAD has no body, so no `NoSuchKey`)."""
+        try:
+            with errors.map_exceptions(self.rules):
+                return await self._head(key)
+        except StorageUnavailableError as exc:
+            raise await self._denied(key, exc) from exc.__cause__
+
+    async def _head(self, key: str) -> StoredObject | None:
+        try:
+            head = await self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except self.client.exceptions.ClientError as exc:
+            if _s3_code(exc) in ABSENT:
+                return None
+            raise
+        return StoredObject(key, int(head.get("ContentLength") or 0),
+                            head["LastModified"].timestamp())  # fmt: skip
 
     async def _denied(self, key: str, exc: StorageUnavailableError) -> Exception:
         """A denied object while the bucket probe passes is that photo's own failure; a
