@@ -99,8 +99,10 @@ async def test_storage_lists_a_prefix_page_by_page_and_deletes(
 
 async def test_storage_stat_reads_an_object_as_it_is_now(store: storage.Storage) -> None:
     """`stat` gives an object's size and write time as they are now (an overwrite renews
-    the time), and None for an absent key, on S3 and in the local folder alike."""
+    the time), and None for an absent key (a longer key it prefixes is another object), on
+    S3 and in the local folder alike."""
     key = f"renditions/{uuid.uuid4()}/thumb-000000000001.webp"
+    await store.put(f"{key}.old", b"other", "image/webp")
     assert await store.stat(key) is None
     await store.put(key, b"xyz", "image/webp")
     found = await store.stat(key)

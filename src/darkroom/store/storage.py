@@ -393,7 +393,6 @@ def _codes(*codes: str) -> Any:
 DENIED = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
           "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled", "AccountProblem",
           "Forbidden", "403")  # fmt: skip
-ABSENT = ("404", "NoSuchKey", "NotFound")
 THROTTLED = ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
              "TooManyRequests", "RequestTimeout", "503")  # fmt: skip
 
@@ -519,22 +518,15 @@ class S3Storage:
         return StoredObject(key, int(item.get("Size") or 0), item["LastModified"].timestamp())
 
     async def stat(self, key: str) -> StoredObject | None:
-        """HEAD: a missing object answers 404 (a HEAD has no body, so no `NoSuchKey`)."""
-        try:
-            with errors.map_exceptions(self.rules):
-                return await self._head(key)
-        except StorageUnavailableError as exc:
-            raise await self._denied(key, exc) from exc.__cause__
-
-    async def _head(self, key: str) -> StoredObject | None:
-        try:
-            head = await self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except self.client.exceptions.ClientError as exc:
-            if _s3_code(exc) in ABSENT:
-                return None
-            raise
-        return StoredObject(key, int(head.get("ContentLength") or 0),
-                            head["LastModified"].timestamp())  # fmt: skip
+        """A listing of the key alone: what `list` needs (`s3:ListBucket`) and no more; a
+        HEAD would need `s3:GetObject`, which `darkroom gc`'s policy does not grant. The
+        key itself sorts before any longer key it prefixes, so one entry answers."""
+        with errors.map_exceptions(self.rules):
+            page = await self.client.list_objects_v2(
+                Bucket=self.bucket, Prefix=self._key(key), MaxKeys=1
+            )
+        found = [self._listed(item) for item in page.get("Contents", [])]
+        return found[0] if found and found[0].key == key else None
 
     async def _denied(self, key: str, exc: StorageUnavailableError) -> Exception:
         """A denied object while the bucket probe passes is that photo's own failure; a
