@@ -101,9 +101,10 @@ SELECT EXISTS (SELECT 1 FROM photos
 # Before the XADD: the job row exists, so a worker that reads the entry at once finds it to
 # lock (a claim racing the insert of the job row by record_requeued answers `busy`, and
 # the entry would wait DARKROOM_CLAIM_IDLE_MS).
+# A photo with no row gets none (its entry is `skipped`).
 PREPARE_JOBS_SQL = """
 INSERT INTO photo_jobs (photo_id, type, state)
-SELECT id, 'process', 'pending' FROM unnest($1::uuid[]) AS t(id)
+SELECT id, 'process', 'pending' FROM photos WHERE id = ANY($1::uuid[])
 ON CONFLICT (photo_id, type) DO NOTHING
 """
 
