@@ -168,6 +168,45 @@ async def test_dead_letter_stream_is_bounded(file_env: Env) -> None:
     assert last[0][1]["n"] == "399", "the newest letters are kept"
 
 
+def failed_with_a_letter(env: Env) -> tuple[uuid.UUID, str, dict[str, str]]:
+    """A photo that failed for good: its id and its one dead letter (id, fields)."""
+    bad = env.tmp / "bad.jpg"
+    bad.write_text("not an image at all")
+    [photo_id] = env.ingest([bad])
+    env.cli("run", "--drain")
+    [(letter_id, fields)] = env.redis.xrange(env.dead)
+    return photo_id, letter_id, fields
+
+
+async def test_a_dead_letter_call_sent_again_writes_one_letter(file_env: Env) -> None:
+    """The reply to a dead letter is lost and the client sends the call again (the entry
+    is acked and deleted by then): it gets the first letter's id, and one letter stays;
+    replaying twice enqueues the photo once."""
+    _, letter_id, fields = failed_with_a_letter(file_env)
+    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    streams = Streams(client, file_env.stream, "darkroom", fields["consumer"], file_env.dead)
+    try:
+        assert await streams.dead_letter(fields["source_id"], fields) == letter_id
+    finally:
+        await client.aclose()
+    assert file_env.redis.xlen(file_env.dead) == 1
+    assert "replayed as" in file_env.cli("dlq", "replay").stdout
+    assert file_env.cli("dlq", "replay").stdout == "", "a second replay finds nothing"
+    assert file_env.redis.xlen(file_env.stream) == 1
+
+
+def test_a_second_letter_of_a_photo_already_replayed_enqueues_nothing(file_env: Env) -> None:
+    """Two letters name one failed photo (an older worker wrote one per resent call): the
+    replay sends the photo back once and keeps the other letter, saying why."""
+    photo_id, _, fields = failed_with_a_letter(file_env)
+    file_env.redis.xadd(file_env.dead, fields)
+    replay = file_env.cli("dlq", "replay")
+    assert replay.stdout.count("replayed as") == 1, replay.stdout
+    assert "skipped: its photo is gone, processed, or sent back already" in replay.stdout
+    assert file_env.redis.xlen(file_env.stream) == 1 and file_env.redis.xlen(file_env.dead) == 1
+    assert photo_and_job(file_env, photo_id)[0]["processing_state"] == "uploaded"
+
+
 def test_rerender_that_kills_the_worker_every_time_fails_like_any_rerender(
     file_env: Env,
 ) -> None:

@@ -127,11 +127,25 @@ def test_a_bulk_photo_the_feeder_does_not_take_is_reported_and_its_letter_kept(
         letter = {"photo_id": str(photo_id), "lane": "bulk", "error_code": "corrupt_image"}
         file_env.redis.xadd(file_env.dead, letter)
     replay = file_env.cli("dlq", "replay")
-    assert replay.stdout.count("skipped: its bulk photo is gone, or processed since") == 2
+    assert replay.stdout.count("skipped: its photo is gone, processed, or sent back already") == 2
     assert "2 skipped" in replay.stderr
     assert file_env.redis.xlen(file_env.dead) == 2, "the letters stay"
     assert file_env.redis.xlen(bulk_stream(file_env)) == 0
     assert lane_of(file_env, done)["enqueued_at"] == fed_at
+
+
+def test_a_refused_enqueue_changes_nothing(file_env: Env) -> None:
+    """`enqueue --lane bulk --tenant` of a failed photo exits 1 and leaves its lane,
+    tenant, state and enqueue time as they were."""
+    [photo_id] = ingest(file_env, [PHOTOS / "4.webp"], "--tenant", "acme")
+    break_original(file_env, photo_id)
+    file_env.cli("run", "--drain")
+    before = lane_of(file_env, photo_id)
+    refused = file_env.cli("enqueue", "--lane", "bulk", "--tenant", "t9", str(photo_id),
+                           check=False)  # fmt: skip
+    assert (refused.returncode, refused.stdout) == (1, ""), refused
+    assert lane_of(file_env, photo_id) == before
+    assert state(file_env, photo_id)[0] == "processing_failed"
 
 
 def test_enqueue_moves_a_photo_between_lanes(file_env: Env) -> None:

@@ -6,6 +6,7 @@ the real moto S3 server (through a fault proxy) and the local folder."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from darkroom.image import pipeline
@@ -93,6 +95,19 @@ async def test_storage_lists_a_prefix_page_by_page_and_deletes(
         gone
     }
     assert [page async for page in store.list("nothing-here/")] in ([], [[]])
+
+
+async def test_storage_stat_reads_an_object_as_it_is_now(store: storage.Storage) -> None:
+    """`stat` gives an object's size and write time as they are now (an overwrite renews
+    the time), and None for an absent key (a longer key it prefixes is another object), on
+    S3 and in the local folder alike."""
+    key = f"renditions/{uuid.uuid4()}/thumb-000000000001.webp"
+    await store.put(f"{key}.old", b"other", "image/webp")
+    assert await store.stat(key) is None
+    await store.put(key, b"xyz", "image/webp")
+    found = await store.stat(key)
+    assert found is not None and (found.key, found.size) == (key, 3)
+    assert abs(found.modified_s - time.time()) < 60
 
 
 # -- S3 (moto server) ----------------------------------------------------------------------
@@ -391,3 +406,103 @@ def test_gc_refuses_a_grace_shorter_than_an_upload_may_wait(file_env: Env, secon
     object may be an upload whose publish is about to commit."""
     result = file_env.cli("gc", "--older-than", seconds, check=False)
     assert result.returncode == 2 and "--older-than" in result.stderr
+
+
+# -- gc against a photo a worker is touching ------------------------------------------------
+
+
+async def gc_scene(pool: db.Pool, store: storage.Storage) -> tuple[uuid.UUID, str, str]:
+    """A processed photo whose row references one rendition, beside an orphan of it; both
+    objects written two grace periods ago, its job done. (photo, live key, orphan key)"""
+    photo_id = uuid.uuid4()
+    live, orphan = (f"renditions/{photo_id}/thumb-{n:012x}.webp" for n in (1, 2))
+    await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
+    await db.record_requeued(pool, photo_id, "1-0")
+    rendition = [{"name": "thumb", "format": "webp", "key": live, "width": 1, "height": 1}]
+    await pool.execute(
+        "UPDATE photos SET processing_state = 'processed', processed_at = now(),"
+        " renditions = $2::jsonb WHERE id = $1", photo_id, json.dumps(rendition),
+    )  # fmt: skip
+    await pool.execute("UPDATE photo_jobs SET state = 'done' WHERE photo_id = $1", photo_id)
+    for key in (live, orphan):
+        await store.put(key, b"webp", "image/webp")
+    assert isinstance(store, storage.FileStorage)
+    age([store.root / live, store.root / orphan], 2 * gc.GRACE_S)
+    return photo_id, live, orphan
+
+
+@pytest.fixture
+async def local(
+    tmp_path: Path, database_url: str
+) -> AsyncIterator[tuple[db.Pool, storage.Storage]]:
+    pool = await db.connect(database_url, 4)
+    yield pool, storage.FileStorage(tmp_path / "storage")
+    await pool.close()
+
+
+async def run_collect(pool: db.Pool, store: storage.Storage) -> Counter[str]:
+    return await gc.collect(pool, store, older_than_s=gc.GRACE_S, now_s=time.time(),
+                            dry_run=False, say=lambda line: None)  # fmt: skip
+
+
+async def test_gc_keeps_an_object_written_again_after_it_was_listed(
+    local: tuple[db.Pool, storage.Storage], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A render of the same bytes writes an orphan's key again after gc listed it as old:
+    gc reads the object afresh before deleting it, and keeps it (young); the key the row
+    references stays too."""
+    pool, store = local
+    _, live, orphan = await gc_scene(pool, store)
+    hold_photo = db.hold_photo
+
+    def written_again_first(pool: db.Pool, held_id: uuid.UUID) -> Any:
+        async def hold() -> AsyncIterator[Any]:
+            await store.put(orphan, b"webp", "image/webp")  # the same key, its bytes again
+            async with hold_photo(pool, held_id) as held:
+                yield held
+
+        return contextlib.asynccontextmanager(hold)()
+
+    monkeypatch.setattr(db, "hold_photo", written_again_first)
+    tally = await run_collect(pool, store)
+    assert (tally["deleted"], tally["young"], tally["referenced"]) == (0, 1, 1)
+    assert await store.stat(orphan) is not None and await store.stat(live) is not None
+
+
+async def _waiting_on_locks(pool: db.Pool) -> int:
+    return int(await pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    ))  # fmt: skip
+
+
+async def test_gc_sees_a_claim_that_committed_while_it_waited_for_the_photo(
+    local: tuple[db.Pool, storage.Storage],
+) -> None:
+    """A claim holds the photo (a re-render starting) when gc comes to delete its orphan:
+    gc waits, then reads the job as the claim left it (active) and deletes nothing of the
+    photo, whose render may be writing that very key; then, the job done, it collects."""
+    pool, store = local
+    photo_id, live, orphan = await gc_scene(pool, store)
+    async with pool.acquire() as claim, anyio.create_task_group() as tg:
+        tally: Counter[str] = Counter()
+
+        async def collect() -> None:
+            tally.update(await run_collect(pool, store))
+
+        async with claim.transaction():
+            await claim.execute("SELECT 1 FROM photos WHERE id = $1 FOR UPDATE", photo_id)
+            await claim.execute(
+                "UPDATE photo_jobs SET state = 'active', lease_until = now() + interval '1 h'"
+                " WHERE photo_id = $1", photo_id,
+            )  # fmt: skip
+            tg.start_soon(collect)
+            for _ in range(3000):  # a minute at most
+                if await _waiting_on_locks(pool):
+                    break
+                await anyio.sleep(0.02)
+    assert (tally["deleted"], tally["busy"], tally["referenced"]) == (0, 1, 1)
+    assert await store.stat(orphan) is not None and await store.stat(live) is not None
+    await pool.execute("UPDATE photo_jobs SET state = 'done' WHERE photo_id = $1", photo_id)
+    assert (await run_collect(pool, store))["deleted"] == 1
+    assert await store.stat(orphan) is None and await store.stat(live) is not None

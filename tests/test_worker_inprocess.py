@@ -161,3 +161,51 @@ async def test_a_consumer_that_lost_the_entry_writes_no_dead_letter_for_it(
     assert await client.xlen(a.dead_stream) == 0
     assert await b.dead_letter(entry_id, {"photo_id": ""})
     assert await client.xlen(a.dead_stream) == 1 and await client.xlen(a.stream) == 0
+
+
+async def _waiting_on_locks(pool: db.Pool) -> int:
+    return int(await pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    ))  # fmt: skip
+
+
+async def test_a_swept_photo_is_claimed_by_its_first_delivery(worker: Worker) -> None:
+    """A photo whose entry Redis lost is swept back into the stream and rendered by the
+    very first delivery of its new entry: its claim finds the job row, instead of
+    answering `busy` and leaving the entry for DARKROOM_CLAIM_IDLE_MS. The photo's row is
+    held locked while the sweep and the delivery meet, the worst order for the claim."""
+    photo_id, pool, streams = uuid.uuid4(), worker.pool, worker.streams
+    key = f"originals/{photo_id}/4.webp"
+    await worker.storage.put(key, (PHOTOS / "4.webp").read_bytes(), "image/webp")
+    await db.insert_photo(pool, photo_id, key)
+    await pool.execute(
+        "UPDATE photos SET last_activity_at = now() - interval '1 hour' WHERE id = $1", photo_id
+    )
+    outcomes: list[str] = []
+
+    async def first_delivery() -> None:
+        while not (entries := await streams.read_new(1, 100)):
+            pass
+        outcomes.append(await worker.jobs._resilient(entries[0], 1))
+
+    async def both_waiting() -> bool:
+        """The sweep waits for the photo; once it has XADDed, the delivery's claim too."""
+        waiting = await _waiting_on_locks(pool)
+        return waiting >= 2 or (waiting == 1 and not await streams.client.xlen(streams.stream))
+
+    async with (
+        worker.renderer,
+        pool.acquire() as locker,
+        anyio.create_task_group() as tg,
+        locker.transaction(),
+    ):
+        await locker.execute("SELECT 1 FROM photos WHERE id = $1 FOR UPDATE", photo_id)
+        tg.start_soon(first_delivery)
+        tg.start_soon(sweeper.sweep, pool, streams, 60)
+        for _ in range(3000):  # a minute at most
+            if await both_waiting():
+                break
+            await anyio.sleep(0.02)
+    assert outcomes == ["published"]
+    assert await db.photo_state(pool, photo_id) == "processed"

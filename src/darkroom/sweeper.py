@@ -21,7 +21,7 @@ from darkroom import metrics
 from darkroom.duty import Duty, Tenure, process_holder
 from darkroom.queue.messages import task_fields
 from darkroom.queue.streams import Streams
-from darkroom.store import db, duties
+from darkroom.store import db, duties, intake
 from darkroom.store import lanes as store_lanes
 
 BATCH = 500
@@ -98,10 +98,14 @@ async def _requeue_lost_of(
 
 
 async def requeue(conn: db.Pool | db.Connection, view: Streams, photo_id: uuid.UUID) -> None:
-    """Back into `view`'s lane: XADD (interactive), or to the feeder (bulk)."""
+    """Back into `view`'s lane: XADD (interactive), or to the feeder (bulk). The job row is
+    committed before the XADD: a worker that reads the entry at once must find it to lock,
+    or its claim (whose snapshot predates the row) answers `busy` and the entry waits
+    DARKROOM_CLAIM_IDLE_MS."""
     if view.lane == "bulk":
         await store_lanes.to_feeder(conn, photo_id)
         return
+    await intake.prepare_jobs(conn, [photo_id])
     entry_id = await view.enqueue(task_fields(photo_id))
     await db.record_requeued(conn, photo_id, entry_id)
 

@@ -71,11 +71,17 @@ async def _collect_photo(
     pool: db.Pool, storage: Storage, photo_id: uuid.UUID, objects: list[StoredObject],
     clock: tuple[float, float], tally: Counter[str], say: Say,
 ) -> None:  # fmt: skip
-    """Decided again under the photo's row lock, so no claim or publish of the photo runs
-    between the decision and the delete."""
+    """Decided again under the photo's and its job's row locks, so no claim or publish of
+    the photo runs between the decision and the delete, on each object's write time read
+    afresh: the listing's may predate a same-key upload made since (a key names its
+    content, so a render of the same bytes writes it again)."""
     older_than_s, now_s = clock
     async with db.hold_photo(pool, photo_id) as held:
-        for obj in objects:
+        for listed in objects:
+            obj = await storage.stat(listed.key)
+            if obj is None:
+                tally["gone"] += 1
+                continue
             found = keys.verdict(obj.modified_s, now_s, older_than_s, obj.key, held)
             if found != "orphan":
                 tally[found] += 1
@@ -101,7 +107,9 @@ def summary(tally: Counter[str], older_than_s: float, dry_run: bool) -> str:
             f"{older_than_s:g} s, {tally['busy']} of photos being processed, "
             f"{tally['foreign']} not rendition keys")  # fmt: skip
     failed = f"; {tally['failed']} could not be deleted" if tally["failed"] else ""
-    return f"{verb} {tally['deleted']} of {tally['listed']} rendition objects; kept {kept}{failed}"
+    gone = f"; {tally['gone']} gone since listed" if tally["gone"] else ""
+    return (f"{verb} {tally['deleted']} of {tally['listed']} rendition objects; "
+            f"kept {kept}{failed}{gone}")  # fmt: skip
 
 
 async def cmd_gc(settings: Settings, args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.services import services
 from darkroom.settings import Settings, servers
-from darkroom.store import db, duties, publishing
+from darkroom.store import db, duties, intake, publishing
 from darkroom.store import lanes as store_lanes
 
 # What a bulk (re-)enqueue prints instead of an entry id: the feeder enqueues it.
@@ -40,6 +40,10 @@ class Skipped:
 
 NO_PHOTO_ID = Skipped("no photo_id; the letter stays")
 TAKEN = Skipped("another replay took it")
+NOT_FAILED = Skipped(
+    "its photo is gone, processed, or sent back already (by another letter of it, or a "
+    "retry); the letter stays"
+)
 GONE_OR_DONE = Skipped("its bulk photo is gone, or processed since; the letter stays")
 
 # A consumer idle longer than this is marked in `status` and pruned by default (1 h).
@@ -183,14 +187,17 @@ def pick_letters(entries: list[Entry], code: str | None, limit: int) -> tuple[li
 
 async def replay_letter(pool: db.Pool, streams: Streams, letter: Entry) -> str | Skipped:
     """Reset the photo to `uploaded`, then move the letter back onto the work stream in one
-    script (so never twice, even by two replays at once). The new entry id (FED for a bulk
-    letter), or why nothing was enqueued."""
+    script (so never twice, even by two replays at once). Only a failed photo is enqueued:
+    a second letter of a photo another letter (or `retry`) already sent back would put a
+    second entry beside the first. The new entry id (FED for a bulk letter), or why
+    nothing was enqueued."""
     raw = letter.fields.get("photo_id")
     try:
         photo_id = uuid.UUID(raw or "")
     except ValueError:
         return NO_PHOTO_ID
-    await db.reset_failed(pool, photo_id)
+    if not await db.reset_failed(pool, photo_id):
+        return NOT_FAILED
     if letter.fields.get("lane") == "bulk":
         return await _replay_to_feeder(pool, streams, letter.id, photo_id)
     new_id = await streams.for_lane("interactive").replay_once(letter.id, task_fields(photo_id))
@@ -231,11 +238,13 @@ async def enqueue_again(
     """Into the photo's own lane, or into `lane` (recorded in its row, with `tenant`).
     Interactive: XADD and remember the entry it now goes through (the sweeper and the
     owning-entry guards read it), the new entry id; bulk: to the feeder, FED, or None when
-    the feeder does not take it (the photo is gone or finished): nothing was enqueued."""
+    the feeder does not take it (the photo is gone or finished): nothing was enqueued,
+    and its lane and tenant are as they were."""
+    if (lane or await store_lanes.lane_of(pool, photo_id)) == "bulk":
+        return FED if await store_lanes.to_feeder(pool, photo_id, tenant) else None
     if lane is not None or tenant is not None:
         await store_lanes.set_lane(pool, photo_id, lane, tenant)
-    if (lane or await store_lanes.lane_of(pool, photo_id)) == "bulk":
-        return FED if await store_lanes.to_feeder(pool, photo_id) else None
+    await intake.prepare_jobs(pool, [photo_id])  # before the XADD, as the sweep does
     entry_id = await streams.for_lane("interactive").enqueue(task_fields(photo_id))
     await db.record_requeued(pool, photo_id, entry_id)
     return entry_id

@@ -195,21 +195,32 @@ redis.call('XDEL', KEYS[1], ARGV[2])
 if type(acked) == 'table' and acked.err then return redis.error_reply(acked.err) end
 return acked
 """
-# KEYS: dead stream, work stream; ARGV: maxlen, group, entry id, consumer, field, value, ...
-# An entry pending with another consumer is not ours to dead-letter: it reclaimed the entry
-# while this one was slow, and will dead-letter it itself (one letter, not two). An entry
-# pending with nobody (acked, or the group lost in a restart) still gets its letter.
+# KEYS: dead stream, work stream, the entry's mark; ARGV: maxlen, group, entry id, consumer,
+# mark TTL s, field, value, ...
+# One letter per entry, however often the call is sent: a client that lost the reply and
+# sends it again (redis-py retries once on a dropped connection) finds the mark and gets the
+# first letter's id; the entry, acked and deleted by then, cannot tell it (it is pending with
+# nobody, which a lost group looks like too). An entry pending with another consumer is not
+# ours to dead-letter: it reclaimed the entry while this one was slow, and will dead-letter
+# it itself. An entry pending with nobody (the group lost in a restart) gets its letter.
 DEAD_LETTER_LUA = """
+local done = redis.call('GET', KEYS[3])
+if done then return {done, ''} end
 local row = redis.pcall('XPENDING', KEYS[2], ARGV[2], ARGV[3], ARGV[3], 1)
 if type(row) == 'table' and not row.err and row[1] and row[1][2] ~= ARGV[4] then
   return {'', 'not_owner'}
 end
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 5))
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 6))
+redis.call('SET', KEYS[3], id, 'EX', ARGV[5])
 local acked = redis.pcall('XACK', KEYS[2], ARGV[2], ARGV[3])
 redis.call('XDEL', KEYS[2], ARGV[3])
 if type(acked) == 'table' and acked.err then return {id, acked.err} end
 return {id, ''}
 """
+# How long an entry's mark outlives its letter: far past any resend of the same call (one
+# immediate retry here; a cluster client's few, within seconds), short enough that marks
+# cost little memory (about 100 bytes each) after a burst of failures.
+LETTERED_TTL_S = 3600
 
 
 def _flat(fields: dict[str, str]) -> list[str]:
@@ -408,19 +419,26 @@ class Streams:
         with _group_may_be_gone():
             await self._run(ACK_LUA, [self.stream], [self.group, entry_id])
 
+    def lettered_key(self, entry_id: str) -> str:
+        """The mark of an entry already dead-lettered (its letter's id), in the stream's slot."""
+        return f"{self.stream}:lettered:{entry_id}"
+
     @translated
     async def dead_letter(self, entry_id: str, fields: dict[str, str]) -> str:
-        """XADD the letter, then XACK + XDEL the entry, in one script; "" (and nothing done)
-        if another consumer holds the entry now. `fields` must be bounded
+        """XADD the letter, then XACK + XDEL the entry, in one script, once per entry (a
+        resent call answers the first letter's id); "" (and nothing done) if another
+        consumer holds the entry now. `fields` must be bounded
         (messages.DeadLetter.fields: at most 75): Lua's unpack takes about 8,000."""
         args: list[str | int] = [
             self.dead_maxlen,
             self.group,
             entry_id,
             self.consumer,
+            LETTERED_TTL_S,
             *_flat(fields),
         ]
-        dead_id, error = await self._run(DEAD_LETTER_LUA, [self.dead_stream, self.stream], args)
+        keys = [self.dead_stream, self.stream, self.lettered_key(entry_id)]
+        dead_id, error = await self._run(DEAD_LETTER_LUA, keys, args)
         if error == "not_owner":
             return ""
         if error and not _no_group(rx.ResponseError(error)):

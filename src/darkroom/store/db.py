@@ -352,15 +352,25 @@ async def held_photos(pool: Pool, photo_ids: list[uuid.UUID]) -> dict[uuid.UUID,
     return {row["id"]: _held(row) for row in await pool.fetch(HELD_SQL, photo_ids)}
 
 
+# The job, locked after its photo (the order every statement uses), by a statement of its
+# own: its snapshot is taken once the photo's lock is granted, so it sees a claim that
+# committed while HELD_SQL waited for that lock, which HELD_SQL's join (read as its
+# snapshot saw it before the wait) does not.
+HELD_JOB_SQL = """
+SELECT state = 'active' FROM photo_jobs WHERE photo_id = $1 AND type = 'process' FOR UPDATE
+"""
+
+
 @contextlib.asynccontextmanager
 async def hold_photo(pool: Pool, photo_id: uuid.UUID) -> AsyncIterator[keys.Held | None]:
-    """The photo read under its row lock, held until the block ends (None: no such row).
-    A claim or a publish of this photo waits for the block, so what is deleted inside it
-    cannot be claimed, re-uploaded and committed in between."""
+    """The photo and its job read under their row locks, held until the block ends (None:
+    no such photo). A claim or a publish of this photo waits for the block, so what is
+    deleted inside it cannot be claimed, re-uploaded and committed in between."""
     with errors.map_exceptions(ERRORS):
         async with pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(HELD_SQL + " FOR UPDATE OF p", [photo_id])
-            yield _held(row) if row is not None else None
+            busy = row is not None and await conn.fetchval(HELD_JOB_SQL, photo_id)
+            yield keys.Held(frozenset(row["keys"]), bool(busy)) if row is not None else None
 
 
 # -- the operator's web page (issue 9) -------------------------------------------------------

@@ -17,6 +17,7 @@ import asyncpg
 
 from darkroom import errors
 from darkroom.store.db import ERRORS, Pool, translated
+from darkroom.store.db import Connection as PooledConnection
 from darkroom.store.duties import Fence, fenced
 
 INTAKE_CHANNEL = "darkroom_intake"
@@ -117,14 +118,20 @@ SELECT EXISTS (SELECT 1 FROM photos
 # Before the XADD: the job row exists, so a worker that reads the entry at once finds it to
 # lock (a claim racing the insert of the job row by record_requeued answers `busy`, and
 # the entry would wait DARKROOM_CLAIM_IDLE_MS).
-# Fenced ($2..$4, the feeder's duty): a feeder that lost its lease writes nothing and
+# A photo with no row gets none (its entry is `skipped`).
+PREPARE_JOBS_SQL = """
+INSERT INTO photo_jobs (photo_id, type, state)
+SELECT id, 'process', 'pending' FROM photos WHERE id = ANY($1::uuid[])
+ON CONFLICT (photo_id, type) DO NOTHING
+"""
+# The feeder's, fenced ($2..$4, its duty): a feeder that lost its lease writes nothing and
 # learns it here, before its XADD. Whether the fence held, whatever the insert did.
-PREPARE_JOBS_SQL = f"""
+FED_JOBS_SQL = f"""
 WITH fence AS (SELECT {fenced(2)} AS held),
 jobs AS (
     INSERT INTO photo_jobs (photo_id, type, state)
-    SELECT id, 'process', 'pending' FROM unnest($1::uuid[]) AS t(id)
-    WHERE (SELECT held FROM fence)
+    SELECT id, 'process', 'pending' FROM photos
+    WHERE id = ANY($1::uuid[]) AND (SELECT held FROM fence)
     ON CONFLICT (photo_id, type) DO NOTHING
 )
 SELECT held FROM fence
@@ -164,9 +171,17 @@ async def has_unfed(pool: Pool, interactive: bool) -> bool:
 
 
 @translated
-async def prepare_jobs(conn: Connection, photo_ids: list[uuid.UUID], fence: Fence) -> bool:
-    """The job rows, before the XADD; False (nothing written): the feeder's duty is lost."""
-    return bool(await conn.fetchval(PREPARE_JOBS_SQL, photo_ids, *fence.args))
+async def prepare_jobs(
+    conn: Pool | PooledConnection | Connection,
+    photo_ids: list[uuid.UUID],
+    fence: Fence | None = None,
+) -> bool:
+    """The job rows, before the XADD. Under a duty's `fence` (the feeder's): False, with
+    nothing written, when the duty is lost."""
+    if fence is None:
+        await conn.execute(PREPARE_JOBS_SQL, photo_ids)
+        return True
+    return bool(await conn.fetchval(FED_JOBS_SQL, photo_ids, *fence.args))
 
 
 @contextlib.asynccontextmanager

@@ -27,11 +27,16 @@ VALUES ($1, $2, $3, $4, $5, CASE WHEN $3 = 'interactive' THEN now() END)
 
 # Into the bulk lane, for the feeder: not enqueued any more, and fresh for the sweep (the
 # feeder's XADD is what shows progress next). Only an unfinished photo: one to process, or
-# a processed one with a re-render requested. The id (pg_notify's value is void, NULL to a
-# client: it cannot tell a hand-over from none), or no row.
+# a processed one with a re-render requested. The lane and tenant ($2, NULL keeps it)
+# change in the same statement as the check: a photo refused keeps both. The id
+# (pg_notify's value is void, NULL to a client: it cannot tell a hand-over from none), or
+# no row.
 TO_FEEDER_SQL = f"""
 WITH photo AS (
-    UPDATE photos SET lane = 'bulk', enqueued_at = NULL, last_activity_at = now()
+    UPDATE photos SET lane = 'bulk', tenant = coalesce($2, tenant), enqueued_at = NULL,
+        last_activity_at = now(),
+        updated_at = CASE WHEN (lane, tenant) IS DISTINCT FROM ('bulk', coalesce($2, tenant))
+                          THEN now() ELSE updated_at END
     WHERE id = $1 AND {FEEDABLE}
     RETURNING id
 )
@@ -73,10 +78,12 @@ async def insert_photo(
 
 
 @translated
-async def to_feeder(conn: Pool | Connection, photo_id: uuid.UUID) -> bool:
-    """Hand an unfinished photo to the feeder, in the bulk lane; False if it is finished
-    or gone."""
-    return await conn.fetchval(TO_FEEDER_SQL, photo_id) is not None
+async def to_feeder(
+    conn: Pool | Connection, photo_id: uuid.UUID, tenant: str | None = None
+) -> bool:
+    """Hand an unfinished photo to the feeder, in the bulk lane (and `tenant`, if named);
+    False if it is finished or gone, and then nothing changed."""
+    return await conn.fetchval(TO_FEEDER_SQL, photo_id, tenant) is not None
 
 
 @translated

@@ -5,8 +5,8 @@ Backends raise OriginalMissingError for an absent object, OriginalTooLargeError 
 byte cap, ObjectForbiddenError for one object denied while the bucket answers, and
 StorageUnavailableError (an outage) for everything else. `get` reads a whole object (the
 worker renders it); `open` streams one in chunks of CHUNK_BYTES (the web page serves it).
-`list` pages through a prefix and `delete` removes one object (absent is fine): what
-`darkroom gc` needs.
+`list` pages through a prefix, `stat` reads one object's size and write time afresh, and
+`delete` removes one object (absent is fine): what `darkroom gc` needs.
 """
 
 from __future__ import annotations
@@ -101,6 +101,9 @@ class Storage(Protocol):
     def list(self, prefix: str) -> AsyncIterator[Page]:
         """Every object whose key starts with `prefix` (a folder, ending in `/`), by pages."""
 
+    async def stat(self, key: str) -> StoredObject | None:
+        """One object as it is now (None: absent), not as a listing saw it a while ago."""
+
     async def probe(self) -> None:
         """Raise StorageUnavailableError unless the worker can write and read an object."""
 
@@ -183,6 +186,13 @@ class FileStorage:
                 yield await anyio.to_thread.run_sync(_scan, self._base, top, chunk)
         except OSError as exc:
             raise StorageUnavailableError(f"listing {prefix}: {exc}") from exc
+
+    async def stat(self, key: str) -> StoredObject | None:
+        try:
+            found = await anyio.to_thread.run_sync(_stat_file, self._path(key))
+        except OSError as exc:
+            raise _file_error(f"reading {key}", exc) from exc
+        return None if found is None else StoredObject(key, found.st_size, found.st_mtime)
 
     async def probe(self) -> None:
         """Write and read back a small object: a read-only or full disk fails it."""
@@ -333,6 +343,13 @@ def _fsync_folder(folder: Path) -> None:
 def _remove_file(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
+
+
+def _stat_file(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
 
 
 def _sorted_names(top: Path) -> list[str]:
@@ -499,6 +516,17 @@ class S3Storage:
     def _listed(self, item: dict[str, Any]) -> StoredObject:
         key = str(item["Key"]).removeprefix(self.prefix)
         return StoredObject(key, int(item.get("Size") or 0), item["LastModified"].timestamp())
+
+    async def stat(self, key: str) -> StoredObject | None:
+        """A listing of the key alone: what `list` needs (`s3:ListBucket`) and no more; a
+        HEAD would need `s3:GetObject`, which `darkroom gc`'s policy does not grant. The
+        key itself sorts before any longer key it prefixes, so one entry answers."""
+        with errors.map_exceptions(self.rules):
+            page = await self.client.list_objects_v2(
+                Bucket=self.bucket, Prefix=self._key(key), MaxKeys=1
+            )
+        found = [self._listed(item) for item in page.get("Contents", [])]
+        return found[0] if found and found[0].key == key else None
 
     async def _denied(self, key: str, exc: StorageUnavailableError) -> Exception:
         """A denied object while the bucket probe passes is that photo's own failure; a
