@@ -228,10 +228,11 @@ class Worker:
         return min(self.settings.read_block_ms, 500) if drain else self.settings.read_block_ms
 
     async def _drained(self) -> bool:
-        """Nothing in flight or pending, nothing left for the feeder, and Postgres knows of
-        no lost photo to re-enqueue. A final sweep that keeps failing ends the drain as
-        failed (exit non-zero)."""
-        if self.in_flight or await self.streams.pending_count():
+        """Nothing in flight, pending or unread in either lane's stream (an entry the feeder
+        fed is not yet delivered while bulk has no room in the read), nothing left for the
+        feeder, and Postgres knows of no lost photo to re-enqueue. A final sweep that keeps
+        failing ends the drain as failed (exit non-zero)."""
+        if self.in_flight or await self.streams.pending_count() or await self._unread():
             return False
         if await intake.has_unfed(self.pool, self.settings.pg_intake):
             return False
@@ -246,6 +247,9 @@ class Worker:
             return True
         self._drain_sweep_failures = 0
         return not swept
+
+    async def _unread(self) -> int:
+        return sum([await view.undelivered() for view in self.streams.lanes()])
 
     async def _reclaim(self, jobs: TaskGroup) -> None:
         """Each lane's stream with its own cursor, into that lane's room."""
