@@ -37,7 +37,7 @@ from darkroom.queue import streams
 from darkroom.queue.inflight import InFlight
 from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.streams import Streams
-from darkroom.store import db, storage
+from darkroom.store import db, probe, storage
 from tests.conftest import AWS_ENV, REDIS_URL, free_port
 from tests.faults import DenyingS3Proxy, FakeClock, pg_admin, spare_redis
 
@@ -113,7 +113,9 @@ POSTGRES_FAULTS = [
     (asyncpg.InternalClientError("cannot switch to state 12"), "connection", T),
     (OSError("Connection refused"), "connection", T),
     (TimeoutError(), "timeout", T),
-    (asyncpg.UndefinedColumnError("column x does not exist"), "sql", P),
+    (asyncpg.UndefinedColumnError("column x does not exist"), "schema_mismatch", P),  # 42703
+    (asyncpg.UndefinedFunctionError("function f(int) does not exist"), "schema_mismatch", P),
+    (asyncpg.PostgresSyntaxError('syntax error at or near "x"'), "sql", P),
 ]
 
 
@@ -460,15 +462,15 @@ async def test_read_only_postgres_is_an_outage_and_reconnect_recovers(database_u
     await pg_admin(f"ALTER DATABASE {name} SET default_transaction_read_only = on")
     pool = await db.connect(database_url, 2)
     try:
-        for call in (db.probe(pool), db.claim(pool, uuid.uuid4(), "1-0", "c")):
+        for call in (probe.check(pool), db.claim(pool, uuid.uuid4(), "1-0", "c")):
             with pytest.raises(DatabaseUnavailableError) as caught:
                 await call
             assert caught.value.reason == "read_only"
         await pg_admin(f"ALTER DATABASE {name} RESET default_transaction_read_only")
         with pytest.raises(DatabaseUnavailableError):
-            await db.probe(pool)  # the old sessions are still read-only
+            await probe.check(pool)  # the old sessions are still read-only
         await db.reconnect(pool)
-        await db.probe(pool)
+        await probe.check(pool)
     finally:
         await pool.close()
 
@@ -483,10 +485,10 @@ async def test_revoked_login_and_grants_are_database_outages(database_url: str) 
         pool = await db.connect(url, 1)
         try:
             with pytest.raises(DatabaseUnavailableError) as caught:
-                await db.probe(pool)
+                await probe.check(pool)
             assert caught.value.reason == "auth"
             await pg_admin(f"ALTER ROLE {role} LOGIN")
-            for call in (db.probe(pool), db.claim(pool, uuid.uuid4(), "1-0", "c")):
+            for call in (probe.check(pool), db.claim(pool, uuid.uuid4(), "1-0", "c")):
                 with pytest.raises(DatabaseUnavailableError) as caught:
                     await call
                 assert caught.value.reason == "permission_denied"
