@@ -636,3 +636,23 @@ def test_a_put_many_that_fails_midway_leaves_no_temporary_file(
     left = sorted(p.name for p in (root / "renditions" / "p3").iterdir())
     assert left == ([] if failing == "fsync" else ["a.webp"])
     assert len(os.listdir("/proc/self/fd")) <= open_before
+
+
+async def test_a_declared_outage_the_probe_cannot_see_goes_on_as_one_quiet_spell() -> None:
+    """A grant the probe does not check: each retry fails at once as the probe passes; the
+    outages are one spell (one log line, counted once), its backoff growing to 10 s."""
+
+    async def passes() -> None:
+        return None
+
+    clock = FakeClock()
+    gate = Gate({"database": passes}, {}, anyio.Event(), clock=clock, rand=lambda: 1.0)
+    revoked = DatabaseUnavailableError("permission_denied: x", reason="permission_denied")
+    with capture_logs() as logs:
+        for _ in range(30):
+            assert await gate.wait("database", revoked) is True
+    said = [e["event"] for e in logs if e["log_level"] != "debug"]
+    assert said[:2] == ["dependency down: pausing intake", "dependency back: resuming"]
+    minutes = sum(clock.sleeps) / 60
+    assert set(said[2:]) == {"dependency still down"} and len(said[2:]) <= minutes, said
+    assert clock.sleeps[-1] == 10.0

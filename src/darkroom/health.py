@@ -166,8 +166,8 @@ class Gate:
                      probes=probes)  # fmt: skip
 
     def _spell(self, dependency: str, first: DarkroomError) -> tuple[Spell, bool]:
-        """A new spell (counted, logged), or the last one going on: same reason, ended less
-        than SAME_SPELL_S ago. True if this start was logged."""
+        """A new spell (counted, logged; True), or the last one going on: same reason, ended
+        less than SAME_SPELL_S ago (said once a minute as still down; its end unsaid)."""
         now_s, last = self.clock.now(), self.spells.get(dependency)
         going_on = (
             last is not None and last.ended_s is not None
@@ -178,7 +178,11 @@ class Gate:
             self.spells[dependency] = last
             metrics.OUTAGES.labels(dependency).inc()
         last.problem, last.ended_s = first, None
-        if last.throttle.allow(first.reason, now_s) is None:
+        quiet = last.throttle.allow(first.reason, now_s)
+        if going_on:
+            if quiet is not None:
+                log.warning("dependency still down", dependency=dependency, reason=first.reason,
+                            error=str(first), repeats_not_logged=quiet)  # fmt: skip
             return last, False
         log.warning("dependency down: pausing intake", dependency=dependency,
                     reason=first.reason, error=str(first))  # fmt: skip
