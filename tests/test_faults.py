@@ -37,7 +37,7 @@ from darkroom.queue import streams
 from darkroom.queue.inflight import InFlight
 from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.streams import Streams
-from darkroom.store import db, leases, storage
+from darkroom.store import db, leases, probe, storage
 from tests.conftest import AWS_ENV, REDIS_URL, free_port
 from tests.faults import DenyingS3Proxy, FakeClock, pg_admin, spare_redis
 
@@ -113,7 +113,9 @@ POSTGRES_FAULTS = [
     (asyncpg.InternalClientError("cannot switch to state 12"), "connection", T),
     (OSError("Connection refused"), "connection", T),
     (TimeoutError(), "timeout", T),
-    (asyncpg.UndefinedColumnError("column x does not exist"), "sql", P),
+    (asyncpg.UndefinedColumnError("column x does not exist"), "schema_mismatch", P),  # 42703
+    (asyncpg.UndefinedFunctionError("function f(int) does not exist"), "schema_mismatch", P),
+    (asyncpg.PostgresSyntaxError('syntax error at or near "x"'), "sql", P),
 ]
 
 
@@ -460,15 +462,15 @@ async def test_read_only_postgres_is_an_outage_and_reconnect_recovers(database_u
     await pg_admin(f"ALTER DATABASE {name} SET default_transaction_read_only = on")
     pool = await db.connect(database_url, 2)
     try:
-        for call in (db.probe(pool), leases.claim(pool, uuid.uuid4(), "1-0", "c")):
+        for call in (probe.check(pool), leases.claim(pool, uuid.uuid4(), "1-0", "c")):
             with pytest.raises(DatabaseUnavailableError) as caught:
                 await call
             assert caught.value.reason == "read_only"
         await pg_admin(f"ALTER DATABASE {name} RESET default_transaction_read_only")
         with pytest.raises(DatabaseUnavailableError):
-            await db.probe(pool)  # the old sessions are still read-only
+            await probe.check(pool)  # the old sessions are still read-only
         await db.reconnect(pool)
-        await db.probe(pool)
+        await probe.check(pool)
     finally:
         await pool.close()
 
@@ -483,10 +485,10 @@ async def test_revoked_login_and_grants_are_database_outages(database_url: str) 
         pool = await db.connect(url, 1)
         try:
             with pytest.raises(DatabaseUnavailableError) as caught:
-                await db.probe(pool)
+                await probe.check(pool)
             assert caught.value.reason == "auth"
             await pg_admin(f"ALTER ROLE {role} LOGIN")
-            for call in (db.probe(pool), leases.claim(pool, uuid.uuid4(), "1-0", "c")):
+            for call in (probe.check(pool), leases.claim(pool, uuid.uuid4(), "1-0", "c")):
                 with pytest.raises(DatabaseUnavailableError) as caught:
                     await call
                 assert caught.value.reason == "permission_denied"
@@ -634,3 +636,23 @@ def test_a_put_many_that_fails_midway_leaves_no_temporary_file(
     left = sorted(p.name for p in (root / "renditions" / "p3").iterdir())
     assert left == ([] if failing == "fsync" else ["a.webp"])
     assert len(os.listdir("/proc/self/fd")) <= open_before
+
+
+async def test_a_declared_outage_the_probe_cannot_see_goes_on_as_one_quiet_spell() -> None:
+    """A grant the probe does not check: each retry fails at once as the probe passes; the
+    outages are one spell (one log line, counted once), its backoff growing to 10 s."""
+
+    async def passes() -> None:
+        return None
+
+    clock = FakeClock()
+    gate = Gate({"database": passes}, {}, anyio.Event(), clock=clock, rand=lambda: 1.0)
+    revoked = DatabaseUnavailableError("permission_denied: x", reason="permission_denied")
+    with capture_logs() as logs:
+        for _ in range(30):
+            assert await gate.wait("database", revoked) is True
+    said = [e["event"] for e in logs if e["log_level"] != "debug"]
+    assert said[:2] == ["dependency down: pausing intake", "dependency back: resuming"]
+    minutes = sum(clock.sleeps) / 60
+    assert set(said[2:]) == {"dependency still down"} and len(said[2:]) <= minutes, said
+    assert clock.sleeps[-1] == 10.0

@@ -10,6 +10,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pyvips
+
 from tests.conftest import PHOTOS, Env
 from tests.feeding import bulk_stream, feed_bulk
 from tests.test_recovery import HEIC, kill_mid_photo, state, wait_for
@@ -215,3 +217,15 @@ def test_a_library_re_render_goes_through_bulk_unless_told_otherwise(file_env: E
     out = file_env.cli(*since, "--lane", "interactive").stdout.split()
     assert out[0] == str(photo_id) and out[1] != "feeder"
     assert lane_of(file_env, photo_id)["lane"] == "interactive"
+
+
+def test_a_drain_ends_only_once_every_bulk_entry_it_fed_is_done(file_env: Env) -> None:
+    """40 bulk photos, one render slot: `run --drain` exits 0 with all 40 processed and
+    nothing left unread in the bulk stream."""
+    tiny = file_env.tmp / "tiny.png"
+    (pyvips.Image.black(64, 48, bands=3) + 128).pngsave(str(tiny))
+    ids = ingest(file_env, [tiny] * 40, "--lane", "bulk", "--tenant", "library")
+    file_env.cli("run", "--drain", DARKROOM_CONCURRENCY="1")
+    left = file_env.query("SELECT count(*) AS n FROM photos WHERE id = ANY($1::uuid[])"
+                          " AND processing_state <> 'processed'", ids)[0]["n"]  # fmt: skip
+    assert (left, file_env.redis.xlen(bulk_stream(file_env))) == (0, 0)

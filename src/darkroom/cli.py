@@ -79,7 +79,8 @@ examples:
   darkroom COMMAND --help     # what a command does, with an example
 
 exit codes: 0 ok, 1 a dependency failed (the message starts with its error code),
-2 a bad setting or usage, 130 stopped by a second signal."""
+2 a bad setting or usage, 3 `run --drain` stopped in an outage (the message names it),
+130 stopped by a second signal."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -441,6 +442,9 @@ async def _run_until_signalled(worker: Worker, drain: bool) -> int:
     log.info("worker stopped", forced=forced)
     if forced:
         return 130
+    if worker.drain_outage is not None:
+        print(redact(f"darkroom: drain incomplete: {worker.drain_outage}"), file=sys.stderr)
+        return 3
     return 1 if worker.drain_failed is not None else 0
 
 

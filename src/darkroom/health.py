@@ -5,13 +5,15 @@ write, not a ping) decides. If it fails too, it is an outage: the dependency is 
 down with its reason (/readyz shows it), intake stops taking new work, and the photos
 caught in it wait (keeping their slots and their delivery). One task probes, with capped
 exponential backoff and a reconnect between probes; the others wait for it. So an outage
-never burns attempts, and never spins.
+never burns attempts, and never spins. An error that is the deployment's (a grant, the
+schema) is declared an outage whatever the probe says, and held until the probe passes.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import anyio
@@ -28,8 +30,17 @@ Probe = Callable[[], Awaitable[None]]
 Reconnect = Callable[[], Awaitable[None]]
 # Error stages that name a dependency (errors.py): storage, database, queue.
 DEPENDENCIES = ("storage", "database", "queue")
+# Dependencies whose permanent errors are the deployment's, never a photo's: everything a
+# photo brings to PostgreSQL is a parameter, so a refused grant or a missing table, column
+# or function says the role or the schema is wrong. (Storage and Redis may refuse one
+# object or key for the photo's own reason: their probe decides.)
+DECLARED_BY = frozenset({"database"})
 PROBE_TIMEOUT_S = 10.0
-STILL_DOWN_EVERY_S = 30.0
+# An outage is logged when it starts, then at most once a minute until it ends.
+STILL_DOWN_EVERY_S = 60.0
+# An outage that starts again this soon after one of the same reason ended is the same
+# spell: a failure the probe cannot see comes back at once, and must not log or count anew.
+SAME_SPELL_S = 60.0
 
 
 class Clock(Protocol):
@@ -50,6 +61,23 @@ class RealClock:
             await until.wait()
 
 
+def declared(exc: DarkroomError) -> bool:
+    """The deployment's fault whatever the probe says: an outage, never an attempt."""
+    return exc.stage in DECLARED_BY and not exc.transient
+
+
+@dataclass
+class Spell:
+    """One outage of a dependency as the logs and a drain see it, across restarts of the
+    same reason within SAME_SPELL_S (the backoff and the log throttle go on)."""
+
+    problem: DarkroomError
+    started_s: float
+    backoff: Backoff
+    throttle: Throttle = field(default_factory=lambda: Throttle(STILL_DOWN_EVERY_S))
+    ended_s: float | None = None
+
+
 class Gate:
     def __init__(
         self,
@@ -65,6 +93,7 @@ class Gate:
         self.clock: Clock = clock or RealClock()
         self.max_backoff_s, self.rand = max_backoff_s, rand
         self.down: dict[str, str] = {}  # dependency → what its probe said
+        self.spells: dict[str, Spell] = {}  # dependency → its last outage
         self._recovered = anyio.Event()
 
     def is_open(self) -> bool:
@@ -83,11 +112,24 @@ class Gate:
         except Exception as exc:  # an error the adapter's table missed: still not healthy
             return DarkroomError(f"probe: {type(exc).__name__}: {exc}", reason="probe_error")
 
-    async def wait(self, dependency: str) -> bool:
+    def lasting(self, at_least_s: float) -> str | None:
+        """The outage under way for at least `at_least_s`, as /readyz says it (a drain ends
+        on it), if any."""
+        now_s = self.clock.now()
+        for dependency, spell in self.spells.items():
+            if dependency in self.down and now_s - spell.started_s >= at_least_s:
+                return f"{dependency} down for {now_s - spell.started_s:.0f} s: " + (
+                    self.down.get(dependency) or _describe(spell.problem)
+                )
+        return None
+
+    async def wait(self, dependency: str, declared: DarkroomError | None = None) -> bool:
         """Return once `dependency` passes its probe, or the worker is stopping. True if it
-        was down (an outage was waited out), False if the first probe passed."""
+        was down (an outage was waited out), False if the first probe passed. `declared`:
+        an error that makes it an outage even when the probe passes (held until a probe
+        after it passes)."""
         if dependency not in self.down:
-            problem = await self.check(dependency)
+            problem = await self.check(dependency) or declared
             if problem is None:
                 return False
             if dependency not in self.down:
@@ -101,31 +143,50 @@ class Gate:
     async def _outage(self, dependency: str, first: DarkroomError) -> None:
         problem: DarkroomError | None = first
         self.down[dependency] = _describe(first)
-        metrics.OUTAGES.labels(dependency).inc()
-        log.warning("dependency down: pausing intake", dependency=dependency,
-                    reason=first.reason, error=str(first))  # fmt: skip
-        started, probes = self.clock.now(), 1
-        backoff, throttle = (
-            Backoff(0.25, self.max_backoff_s, self.rand),
-            Throttle(STILL_DOWN_EVERY_S),
-        )
-        throttle.allow(first.reason, started)
+        spell, said = self._spell(dependency, first)
+        started, probes = spell.started_s, 1
         try:
             while problem is not None:
-                await self.clock.sleep(backoff.next_s(), self.stopping)
+                await self.clock.sleep(spell.backoff.next_s(), self.stopping)
                 if self.stopping.is_set():
                     return
                 await self._reconnect(dependency)
                 problem, probes = await self.check(dependency), probes + 1
                 if problem is not None:
-                    self.down[dependency] = _describe(problem)
-                    self._still_down(dependency, problem, probes, throttle)
+                    self.down[dependency], spell.problem = _describe(problem), problem
+                    self._still_down(dependency, problem, probes, spell.throttle)
         finally:
+            spell.ended_s = self.clock.now()
             self.down.pop(dependency, None)
             self._recovered.set()
             self._recovered = anyio.Event()
-        seconds = round(self.clock.now() - started, 3)
-        log.info("dependency back: resuming", dependency=dependency, seconds=seconds, probes=probes)
+        if said:  # a spell that went on quietly ends quietly
+            seconds = round(self.clock.now() - started, 3)
+            log.info("dependency back: resuming", dependency=dependency, seconds=seconds,
+                     probes=probes)  # fmt: skip
+
+    def _spell(self, dependency: str, first: DarkroomError) -> tuple[Spell, bool]:
+        """A new spell (counted, logged; True), or the last one going on: same reason, ended
+        less than SAME_SPELL_S ago (said once a minute as still down; its end unsaid)."""
+        now_s, last = self.clock.now(), self.spells.get(dependency)
+        going_on = (
+            last is not None and last.ended_s is not None
+            and last.problem.reason == first.reason and now_s - last.ended_s < SAME_SPELL_S
+        )  # fmt: skip
+        if last is None or not going_on:
+            last = Spell(first, now_s, Backoff(0.25, self.max_backoff_s, self.rand))
+            self.spells[dependency] = last
+            metrics.OUTAGES.labels(dependency).inc()
+        last.problem, last.ended_s = first, None
+        quiet = last.throttle.allow(first.reason, now_s)
+        if going_on:
+            if quiet is not None:
+                log.warning("dependency still down", dependency=dependency, reason=first.reason,
+                            error=str(first), repeats_not_logged=quiet)  # fmt: skip
+            return last, False
+        log.warning("dependency down: pausing intake", dependency=dependency,
+                    reason=first.reason, error=str(first))  # fmt: skip
+        return last, True
 
     async def _reconnect(self, dependency: str) -> None:
         reconnect = self.reconnects.get(dependency)

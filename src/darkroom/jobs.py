@@ -29,7 +29,7 @@ from darkroom.errors import (
     DarkroomError,
     InternalError,
 )
-from darkroom.health import DEPENDENCIES, Gate
+from darkroom.health import DEPENDENCIES, Gate, declared
 from darkroom.image.pipeline import Rendered, RenderResult
 from darkroom.image.renderer import RenderPool
 from darkroom.queue import policy
@@ -66,7 +66,8 @@ class Held:
 
 
 class LeftPending(Exception):
-    """Stopping during an outage: leave the entry pending for whoever comes next."""
+    """Stopping while the entry waited (through an outage, or to retry in place): leave it
+    pending for whoever comes next. Its message says which."""
 
 
 @dataclass
@@ -115,8 +116,8 @@ class Jobs:
             metrics.OUTCOMES.labels(outcome).inc()
             await self.recorder.end(entry, history.Ending(outcome))
             bound.info("entry done", outcome=outcome, seconds=round(time.monotonic() - started, 3))
-        except LeftPending:
-            bound.warning("stopping during an outage; entry left pending")
+        except LeftPending as left:
+            bound.warning(str(left))
         except DarkroomError as exc:
             await self._fail(entry, deliveries, exc, bound)
         except Exception as exc:
@@ -136,8 +137,9 @@ class Jobs:
             raise
 
     async def _until_acked(self, entry: Entry, deliveries: int) -> str:
-        """An outage is waited out, a transient error waits in place, another dependency
-        error gets a few quick retries in place; none of them counts an attempt."""
+        """An outage is waited out (an error that is the deployment's is one whatever the
+        probe says), a transient error waits in place, another dependency error gets a few
+        quick retries in place; none of them counts an attempt."""
         streak = Streak()
         outcome = None  # once committed, only the ack is retried
         while True:
@@ -149,16 +151,16 @@ class Jobs:
             except DarkroomError as exc:
                 if exc.stage not in DEPENDENCIES or not exc.retryable:
                     raise
-                await self._pause(entry, exc, streak)
+                outage = await self._pause(entry, exc, streak)
                 if self.stopping.is_set():
-                    raise LeftPending from exc
+                    raise LeftPending(_left(exc, outage)) from exc
 
-    async def _pause(self, entry: Entry, exc: DarkroomError, streak: Streak) -> None:
-        """Wait before the next try in place, or raise when `exc` ends the attempt. Never
-        back to back: the policy's delays grow from 0.25 s."""
-        if await self.gate.wait(exc.stage):
+    async def _pause(self, entry: Entry, exc: DarkroomError, streak: Streak) -> bool:
+        """Wait before the next try in place, or raise when `exc` ends the attempt; True if
+        an outage was waited out. Never back to back: the policy's delays grow from 0.25 s."""
+        if await self.gate.wait(exc.stage, exc if declared(exc) else None):
             streak.restart = True  # an outage, waited out: not the photo's streak
-            return
+            return True
         streak_s = await self._streak_s(entry, exc, streak)
         budget_s = self.settings.transient_budget_s
         delay_ms = policy.in_place_ms(exc, streak.retries, streak_s, budget_s=budget_s)
@@ -168,6 +170,7 @@ class Jobs:
             raise exc
         streak.retries += 1
         await self._wait_in_place(entry, exc, delay_ms, streak_s)
+        return False
 
     async def _wait_in_place(
         self, entry: Entry, exc: DarkroomError, delay_ms: int, streak_s: float
@@ -528,6 +531,12 @@ def _give_up_if_malformed(entry: Entry, deliveries: int) -> None:
     except BadMessageError as exc:
         message = f"delivered {deliveries} times without finishing; {exc}"
         raise AttemptsExhaustedError(message) from exc
+
+
+def _left(exc: DarkroomError, outage: bool) -> str:
+    if outage:
+        return f"stopping during an outage ({exc.stage} {exc.reason}); entry left pending"
+    return f"stopping while retrying in place ({exc.code} {exc.reason}); entry left pending"
 
 
 def _budget_spent(exc: DarkroomError, streak_s: float, budget_s: float) -> DarkroomError:

@@ -34,7 +34,7 @@ from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.streams import Streams
 from darkroom.relay import Relay
 from darkroom.settings import Settings
-from darkroom.store import db, duties, intake, leases
+from darkroom.store import db, duties, intake, leases, probe
 from darkroom.store.storage import Storage
 
 log = structlog.get_logger("darkroom.worker")
@@ -47,6 +47,10 @@ RELAY_FLUSH_S = 5.0
 REFILL_BLOCK_MS = 100
 REPEAT_LOG_EVERY_S = 10.0
 DRAIN_SWEEP_TRIES = 3
+# `run --drain` does not wait out an outage longer than this: it stops with the work left
+# pending (nothing lost) and exits 3 naming the reason, within this, the photos' release
+# and the relay's flush (RELAY_FLUSH_S). A failover (about 10-30 s) is still waited out.
+DRAIN_OUTAGE_S = 30.0
 # Below its floor, the bulk lane's backlog is looked at (one script, one round trip) on
 # every intake turn while it has work waiting, and on every 8th while it has none: an idle
 # bulk lane no longer costs a round trip per photo, and a backlog that appears gets its
@@ -64,6 +68,8 @@ class Worker:
     stopping: anyio.Event = field(default_factory=anyio.Event)
     # Set when `run --drain` ended without a final sweep that succeeded: exit non-zero.
     drain_failed: DarkroomError | None = None
+    # Set when `run --drain` stopped in an outage longer than DRAIN_OUTAGE_S: what it was.
+    drain_outage: str | None = None
     _changed: anyio.Event = field(default_factory=anyio.Event)
     _next_reclaim: float = 0.0
     _drain_sweep_failures: int = 0
@@ -78,7 +84,7 @@ class Worker:
         self.gate = Gate(
             {
                 "queue": self.streams.probe,
-                "database": lambda: db.probe(self.pool),
+                "database": lambda: probe.check(self.pool),
                 "storage": self.storage.probe,
             },
             {"queue": self.streams.reconnect, "database": lambda: db.reconnect(self.pool)},
@@ -116,6 +122,8 @@ class Worker:
             services.start_soon(self._prune_loop)
             services.start_soon(self.relay.run)
             services.start_soon(self.feeder.run)
+            if drain:
+                services.start_soon(self._end_drain_in_outage)
             async with anyio.create_task_group() as jobs:
                 await self._intake(jobs, drain)
                 with anyio.move_on_after(self.settings.shutdown_grace_s):
@@ -136,6 +144,9 @@ class Worker:
         while not self.stopping.is_set():
             try:
                 if not started:
+                    # The database's probe names a missing grant or a schema older or newer
+                    # than the code before any photo meets it (an outage until fixed).
+                    await self.gate.wait("database")
                     await self.streams.ensure_group()
                     # Only at start: later, what this consumer holds is in flight or backing
                     # off. Once claimed (a delivery counted), never claimed again here.
@@ -233,10 +244,11 @@ class Worker:
         return min(self.settings.read_block_ms, 500) if drain else self.settings.read_block_ms
 
     async def _drained(self) -> bool:
-        """Nothing in flight or pending, nothing left for the feeder, and Postgres knows of
-        no lost photo to re-enqueue. A final sweep that keeps failing ends the drain as
-        failed (exit non-zero)."""
-        if self.in_flight or await self.streams.pending_count():
+        """Nothing in flight, pending or unread in either lane's stream (an entry the feeder
+        fed is not yet delivered while bulk has no room in the read), nothing left for the
+        feeder, and Postgres knows of no lost photo to re-enqueue. A final sweep that keeps
+        failing ends the drain as failed (exit non-zero)."""
+        if self.in_flight or await self.streams.pending_count() or await self._unread():
             return False
         if await intake.has_unfed(self.pool, self.settings.pg_intake):
             return False
@@ -251,6 +263,20 @@ class Worker:
             return True
         self._drain_sweep_failures = 0
         return not swept
+
+    async def _unread(self) -> int:
+        return sum([await view.undelivered() for view in self.streams.lanes()])
+
+    async def _end_drain_in_outage(self) -> None:
+        while not self.stopping.is_set():
+            with anyio.move_on_after(1.0):  # real time: a test's clock counts intake's waits
+                await self.stopping.wait()
+            outage = self.gate.lasting(DRAIN_OUTAGE_S)
+            if outage is not None and not self.stopping.is_set():
+                self.drain_outage = outage
+                log.error("outage outlasted the drain; stopping with work left pending",
+                          outage=outage, drain_outage_s=DRAIN_OUTAGE_S)  # fmt: skip
+                self.stop()
 
     async def _reclaim(self, jobs: TaskGroup) -> None:
         """Each lane's stream with its own cursor, into that lane's room."""

@@ -18,7 +18,7 @@ import anyio
 import asyncpg
 import pytest
 
-from darkroom.store import db
+from darkroom.store import db, probe
 from tests.chaos import failover
 from tests.chaos.rig import DEAD, Rig
 from tests.chaos.test_chaos import SETTINGS, VALID, missing_objects, settle
@@ -190,7 +190,7 @@ async def test_a_terminated_connection_is_an_outage(database_url: str) -> None:
             await admin.execute("SELECT pg_terminate_backend($1)", pid)
             await anyio.sleep(TERMINATE_DELAYS_S[i % len(TERMINATE_DELAYS_S)])
             try:
-                await db.probe(pool)
+                await probe.check(pool)
                 seen["answered"] += 1
             except Exception as exc:
                 seen[f"{type(exc).__name__}: {str(exc)[:70]}"] += 1
@@ -206,7 +206,7 @@ async def _healthy(pool: db.Pool) -> None:
     """Wait until the pool answers a probe again (it replaces a dead connection on use)."""
     for _ in range(200):
         with contextlib.suppress(Exception):
-            await db.probe(pool)
+            await probe.check(pool)
             return
         await anyio.sleep(0.05)
     raise AssertionError("the database did not answer a probe for 10 s")

@@ -43,6 +43,8 @@ ERRORS: tuple[Rule, ...] = (
     Rule(asyncpg.InsufficientResourcesError, D, "resources", T),  # 53xxx: disk full, memory
     Rule(asyncpg.InvalidCatalogNameError, D, "database_missing", P),  # 3D000
     Rule(asyncpg.UndefinedTableError, D, "schema_missing", P),  # 42P01: not migrated
+    # 42703, 42883: a schema older or newer than the code (a column or function missing)
+    Rule((asyncpg.UndefinedColumnError, asyncpg.UndefinedFunctionError), D, "schema_mismatch", P),
     Rule(asyncpg.TransactionRollbackError, D, "conflict", T),  # 40001 serialization, 40P01 deadlock
     Rule(TimeoutError, D, "timeout", T),  # before `connection`: a TimeoutError is an OSError
     Rule((asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError), D, "connection", T),
@@ -198,28 +200,6 @@ async def photo_state(pool: Pool, photo_id: uuid.UUID) -> str | None:
         "SELECT processing_state FROM photos WHERE id = $1", photo_id
     )
     return state
-
-
-PROBE_SQL = """
-SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on' AS read_only,
-       has_table_privilege('photos', 'SELECT,INSERT,UPDATE')
-       AND has_table_privilege('photo_jobs', 'SELECT,INSERT,UPDATE') AS can_write
-"""
-
-
-@translated
-async def probe(pool: Pool) -> None:
-    """What the worker needs, not just an answer: a writable primary (a replica or an
-    Aurora-style reader answers `SELECT 1` but refuses every UPDATE) where darkroom's
-    tables exist and may be written."""
-    row = await pool.fetchrow(PROBE_SQL)
-    assert row is not None
-    if row["read_only"]:
-        raise DatabaseUnavailableError("server is read-only (a replica)", reason="read_only")
-    if not row["can_write"]:
-        raise DatabaseUnavailableError(
-            "no write grant on darkroom's tables", reason="permission_denied"
-        )
 
 
 async def reconnect(pool: Pool) -> None:
