@@ -83,9 +83,11 @@ pytest: $(STAMP) services /usr/bin/chromium $(PROMTOOL) examples/node/node_modul
 
 test: lint imports typecheck pytest
 
-# 3 workers, 520 photos, SIGKILL/SIGSTOP/Redis restart/PG and S3 faults (docs/reliability.md).
+# 3 workers, 520 photos, SIGKILL/SIGSTOP/Redis restart/PG and S3 faults (docs/reliability.md),
+# then ten times the interleaving test's schedules of `make test`.
 chaos: $(STAMP) services
 	$(BIN)/pytest -m chaos -s tests/chaos
+	DARKROOM_SCHEDULES=5000 $(BIN)/pytest -q tests/test_interleavings.py
 
 # Each bench script rewrites only its own section of docs/benchmarks.md: add scripts here.
 BENCH_SCRIPTS := bench/render.py bench/pool.py bench/e2e.py bench/sweep.py bench/pages.py bench/history.py \
