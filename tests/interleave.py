@@ -34,18 +34,34 @@ from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import Entry
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
-from darkroom.store import db
+from darkroom.store import db, leases, probe, publishing
 from darkroom.store.storage import FileStorage, Upload
 from tests.conftest import REDIS_URL
 from tests.faults import FakeClock
 
 # A step that neither parks again nor ends within this is a hang (a lock no one frees).
 STEP_TIMEOUT_S = 20.0
-CHECKPOINTED = ("claim", "publish", "record_retry", "record_failure", "record_rerender_failure")
+CHECKPOINTED = {
+    "claim": leases,
+    "publish": publishing,
+    "record_retry": leases,
+    "record_failure": leases,
+    "record_rerender_failure": leases,
+}
 # Writes that end a run of the photo (each commits exactly one final event).
 FINISHING = {"publish", "record_failure", "record_rerender_failure"}
 
 RUN: contextvars.ContextVar[Run | None] = contextvars.ContextVar("interleave_run", default=None)
+
+
+def _awaiting(task: asyncio.Task[None]) -> list[str]:
+    """Where a hung job waits: the chain of awaits under its task, innermost last."""
+    chain, coro = [], task.get_coro()
+    while coro is not None and hasattr(coro, "cr_frame"):
+        if coro.cr_frame is not None:
+            chain.append(f"{coro.cr_code.co_name}:{coro.cr_frame.f_lineno}")
+        coro = getattr(coro, "cr_await", None)
+    return chain
 
 
 class Killed(BaseException):
@@ -102,7 +118,8 @@ class Run:
         finally:
             parked.cancel()
         if not (self._parked.is_set() or self.task.done()):
-            raise AssertionError(f"{self!r} neither parked nor ended in {STEP_TIMEOUT_S:g} s")
+            raise AssertionError(f"{self!r} neither parked nor ended in {STEP_TIMEOUT_S:g} s,"
+                                 f" awaiting {_awaiting(self.task)}")  # fmt: skip
 
     async def _main(self, deliveries: int) -> None:
         RUN.set(self)
@@ -227,16 +244,18 @@ class Ledger:
     def now(self) -> int:
         return next(self.clock)
 
-    def grant(self, run: Run, claim: db.Claim) -> None:
+    def grant(self, run: Run, claim: leases.Claim) -> None:
         own = claim.outcome == "claimed" and not claim.counted and run.grant is not None
         if claim.outcome in ("claimed", "exhausted") and not own:
             run.grant = next(self.grants)
             self.granted_at[run.grant] = self.now()
 
-    def accepted(self, run: Run, call: str, photo_id: uuid.UUID, job: Any) -> None:
-        """`job`: the photo's job row as the write found it (locked before it)."""
-        current = job is not None and (job["holder"], job["stream_entry"], job["state"]) == (
-            run.hand.jobs.holder, run.entry.id, "active")  # fmt: skip
+    def accepted(self, run: Run, call: str, photo_id: uuid.UUID, job: Any, token: int) -> None:
+        """`job`: the photo's job row as the write found it (read just before it); `token`:
+        the fencing token the write carried, which must be the job's newest."""
+        current = job is not None and (
+            job["holder"], job["state"], job["lease_token"]) == (
+            run.hand.jobs.holder, "active", token)  # fmt: skip
         if not current:
             held = dict(job) if job is not None else None
             self.wrong.append(f"{call} of {photo_id} accepted from {run!r} (grant {run.grant}),"
@@ -249,15 +268,23 @@ class Ledger:
         done.append((run.grant, call))
 
 
-JOB_SQL = "SELECT holder, stream_entry, state FROM photo_jobs WHERE photo_id = $1"
+JOB_SQL = "SELECT holder, stream_entry, state, lease_token FROM photo_jobs WHERE photo_id = $1"
 
 
 def accepted_by(call: str, result: Any) -> bool:
     if call == "publish":
-        return result is not None
+        return bool(result.status == "published")
     if call == "record_failure":
         return bool(result == "failed")
+    if call == "record_rerender_failure":
+        return bool(result != "not_recorded")
     return bool(result)
+
+
+def token_of(call: str, args: tuple[Any, ...]) -> int:
+    """The fencing token a write carries: publish's (token, entry) lease, else its first
+    argument after the photo."""
+    return int(args[2][0] if call == "publish" else args[0])
 
 
 def checkpointed(call: str, real: Callable[..., Awaitable[Any]]) -> Any:
@@ -274,7 +301,7 @@ def checkpointed(call: str, real: Callable[..., Awaitable[Any]]) -> Any:
         if call == "claim":
             run.hand.ledger.grant(run, result)
         elif accepted_by(call, result):
-            run.hand.ledger.accepted(run, call, photo_id, job)
+            run.hand.ledger.accepted(run, call, photo_id, job, token_of(call, args))
         if call in run.lose:
             run.lose.discard(call)
             raise DatabaseUnavailableError("reply lost after commit", reason="connection",
@@ -305,8 +332,8 @@ def redis_checkpointed(call: str, real: Callable[..., Awaitable[Any]]) -> Any:
 def install(monkeypatch: pytest.MonkeyPatch) -> None:
     """Checkpoints on every call of a job to PostgreSQL and Redis (storage and render
     have theirs in WatchedStorage and StandInRenderer); outside a run they pass through."""
-    for call in CHECKPOINTED:
-        monkeypatch.setattr(db, call, checkpointed(call, getattr(db, call)))
+    for call, module in CHECKPOINTED.items():
+        monkeypatch.setattr(module, call, checkpointed(call, getattr(module, call)))
     for call in ("ack", "dead_letter", "backoff"):
         monkeypatch.setattr(Streams, call, redis_checkpointed(call, getattr(Streams, call)))
 
@@ -324,7 +351,7 @@ def hand(
     """A worker's Jobs, as Worker builds them, with a fake clock (waits in place are
     instant) and the stand-in renderer."""
     mine = Streams(streams.client, streams.stream, streams.group, name, streams.dead_stream)
-    gate = Gate({"database": lambda: db.probe(pool), "queue": mine.probe,
+    gate = Gate({"database": lambda: probe.check(pool), "queue": mine.probe,
                  "storage": storage.probe}, {}, anyio.Event(), clock=FakeClock())  # fmt: skip
     renderer: Any = StandInRenderer(name)
     jobs = Jobs(settings, pool, mine, storage, gate, renderer, anyio.Event(), InFlight(4))

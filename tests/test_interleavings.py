@@ -30,13 +30,14 @@ from hypothesis.stateful import (
 )
 
 from darkroom import sweeper
+from darkroom.duty import Tenure
 from darkroom.feeder import Feeder
 from darkroom.operate import gc, ops
 from darkroom.queue.lanes import entry_tenant
 from darkroom.queue.messages import task_fields
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
-from darkroom.store import db, intake, lanes
+from darkroom.store import db, duties, intake, lanes, publishing
 from tests import promises
 from tests.interleave import (
     RENDER_ERRORS,
@@ -135,7 +136,8 @@ class Interleavings(RuleBasedStateMachine):
     async def _feed(self) -> int:
         """The feeder, between two reads of a worker: every bulk photo still to feed into
         the bulk stream (DARKROOM_BULK_AHEAD is more than a schedule's photos)."""
-        feeder, fed = Feeder(self.settings, self.rig.pool, self.op, anyio.Event()), 0
+        feeder, fed = Feeder(self.settings, self.rig.pool, self.op, anyio.Event(), "harness"), 0
+        feeder._tenure = await self._feeder_tenure()
         async with self.rig.pool.acquire() as conn:
             for tenant in await intake.backlogged_tenants(conn, None, 10):
                 for row in await intake.backlog_page(conn, tenant, MAX_PHOTOS):
@@ -143,6 +145,14 @@ class Interleavings(RuleBasedStateMachine):
                     await feeder._enqueue(conn, feeder.bulk, row["id"], fields)
                     fed += 1
         return fed
+
+    async def _feeder_tenure(self) -> Tenure:
+        """The feeder's leased duty, held by the harness for one feeding (released after the
+        schedule's database is dropped; no other feeder runs here)."""
+        token = await duties.acquire(self.rig.pool, duties.FEEDER, "harness", 3600.0)
+        assert token is not None
+        fence = duties.Fence(duties.FEEDER, "harness", token)
+        return Tenure(duties.FEEDER, fence, anyio.current_time() + 3600.0, anyio.CancelScope())
 
     # -- workers --------------------------------------------------------------------------
 
@@ -306,7 +316,7 @@ class Interleavings(RuleBasedStateMachine):
         note(f"{action} {photo_id.int if action in ('rerender', 'retry') else ''}: {done}")
 
     async def _rerender(self, photo_id: uuid.UUID) -> str | None:
-        if not await db.request_rerender(self.rig.pool, [photo_id], None):
+        if not await publishing.request_rerender(self.rig.pool, [photo_id], None):
             return None
         self.ledger.requested[photo_id] = self.ledger.now()
         return await ops.enqueue_again(self.rig.pool, self.op, photo_id)
@@ -397,11 +407,6 @@ WHERE state = 'active' AND lease_until > now()
 
 
 @pytest.mark.timeout(1800)  # shrinking a failure (a replayed seed) can take minutes
-@pytest.mark.xfail(
-    raises=promises.AwaitingFix, strict=False,
-    reason="stale writes are accepted and re-render requests lost until fencing tokens, "
-    "re-render generations and derived in-flight counts are merged",
-)  # fmt: skip
 def test_interleavings_keep_every_promise(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

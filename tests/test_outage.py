@@ -135,8 +135,8 @@ def test_a_grant_revoked_mid_run_is_an_outage_and_ends_the_drain(file_env: Env, 
 
 def test_a_column_dropped_mid_run_is_an_outage_and_ends_the_drain(file_env: Env) -> None:
     """A schema older than the code (a column the claim writes dropped mid-drain):
-    schema_mismatch on /readyz naming a statement and the column, no attempt burned, a line a minute at
-    most, `run --drain` exits 3 within 60 s."""
+    schema_mismatch on /readyz naming a statement and the column, no attempt burned, a line
+    a minute at most, `run --drain` exits 3 within 60 s."""
     file_env.ingest(BATCH)
     port = free_port()
     said, stderr = drain_in_outage(file_env, port, "ALTER TABLE photo_attempts DROP COLUMN lane")
