@@ -38,7 +38,7 @@ from report import machine, write_section
 from darkroom.operate import ops
 from darkroom.operate.web.pages import LETTER_SCAN_MAX
 from darkroom.queue.streams import Streams
-from darkroom.store import db
+from darkroom.store import db, views
 
 CODE = "image_too_large"  # the rare code every filtered viewer asks for
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -220,7 +220,7 @@ async def old_shapes(url: str, streams: Streams) -> dict[str, float]:
             "SELECT error_code, count(*) FROM photos WHERE processing_state ="
             " 'processing_failed' GROUP BY 1"))  # fmt: skip
         throughput = await timed_ms(lambda: both_throughputs(pool))
-        new_page = await timed_ms(lambda: db.page_photos(pool, "processing_failed", CODE, 51))
+        new_page = await timed_ms(lambda: views.page_photos(pool, "processing_failed", CODE, 51))
         await pool.execute("DROP INDEX photos_code_idx")
         old_page = await timed_ms(
             lambda: pool.fetch(OLD_PAGE_SQL, "processing_failed", CODE, 51, None, uuid.UUID(int=0))
@@ -233,8 +233,8 @@ async def old_shapes(url: str, streams: Streams) -> dict[str, float]:
 
 
 async def both_throughputs(pool: db.Pool) -> None:
-    await db.throughput(pool, "minute", 3600)
-    await db.throughput(pool, "hour", 86400)
+    await views.throughput(pool, "minute", 3600)
+    await views.throughput(pool, "hour", 86400)
 
 
 async def walk_letters(streams: Streams) -> int:
@@ -247,8 +247,8 @@ async def plan(url: str) -> str:
         await conn.execute("SET plan_cache_mode = force_custom_plan")
         rows = await conn.fetch(
             "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) "
-            + db.page_photos_sql("processing_failed", True),
-            51, *db.NEWEST, CODE,
+            + views.page_photos_sql("processing_failed", True),
+            51, *views.NEWEST, CODE,
         )  # fmt: skip
     finally:
         await conn.close()
@@ -317,7 +317,7 @@ def report(args: argparse.Namespace, setup: dict[str, Any], runs: dict[str, Any]
         f" {old['walk']:.0f} ms | one XRANGE of at most {LETTER_SCAN_MAX:,} letters, labelled"
         " partial |",
         "",
-        "The filtered photo page (`EXPLAIN ANALYZE`, a custom plan as `db.page_photos` runs it):",
+        "The filtered photo page (`EXPLAIN ANALYZE`, the custom plan `views.page_photos` runs):",
         "",
         "```",
         explained,

@@ -23,7 +23,7 @@ from darkroom.operate.web.downloads import Slots, needs_slot
 from darkroom.operate.web.pages import LETTER_SCAN_MAX, MAX_PAGE_SIZE
 from darkroom.operate.web.snapshot import Snapshot
 from darkroom.queue.messages import Entry
-from darkroom.store import db, storage
+from darkroom.store import db, storage, views
 from darkroom.store.storage import CHUNK_BYTES
 from tests.conftest import AWS_ENV, Env
 from tests.faults import FakeClock
@@ -144,14 +144,14 @@ async def test_a_filtered_photo_page_is_served_by_an_index(
         await pool.execute("ANALYZE photos")
         deep = await pool.fetchrow("SELECT updated_at, id FROM photos ORDER BY updated_at LIMIT 1"
                                    " OFFSET 10000")  # fmt: skip
-        sql = db.page_photos_sql(state, code is not None)
-        for cursor in (db.NEWEST, tuple(deep)):
+        sql = views.page_photos_sql(state, code is not None)
+        for cursor in (views.NEWEST, tuple(deep)):
             async with pool.acquire() as conn:
                 await conn.execute("SET plan_cache_mode = force_custom_plan")
                 explained = await conn.fetch(f"EXPLAIN {sql}", 51, *cursor, *filter(None, [code]))
             plan = "\n".join(r[0] for r in explained)
             assert f"{index} on photos" in plan and "Seq Scan" not in plan, plan
-        rows = await db.page_photos(pool, state, code, 51)
+        rows = await views.page_photos(pool, state, code, 51)
     finally:
         await pool.close()
     assert len(rows) == 51
@@ -164,8 +164,8 @@ def test_an_error_code_filters_failed_photos_only() -> None:
     """A code with another state than processing_failed is refused, not scanned; with
     processing_failed it is the same statement as the code alone."""
     with pytest.raises(ValueError, match="failed photos"):
-        db.page_photos_sql("processed", code=True)
-    assert db.page_photos_sql("processing_failed", True) == db.page_photos_sql(None, True)
+        views.page_photos_sql("processed", code=True)
+    assert views.page_photos_sql("processing_failed", True) == views.page_photos_sql(None, True)
 
 
 def test_the_dead_letter_filter_scans_a_bounded_number_and_says_the_page_is_partial(
@@ -257,7 +257,7 @@ async def test_a_photo_page_leaves_no_setting_on_its_pooled_connection(database_
     connection (given back without a reset statement) serves the next query as it was."""
     pool = await db.connect(database_url, 1)
     try:
-        await db.page_photos(pool, "processed", None, 10)
+        await views.page_photos(pool, "processed", None, 10)
         assert await pool.fetchval("SHOW plan_cache_mode") == "auto"
     finally:
         await pool.close()
@@ -352,7 +352,7 @@ async def test_the_snapshot_loads_once_per_interval_and_once_for_concurrent_requ
     """Concurrent requests on a stale snapshot wait for one load; a request within the
     interval loads nothing; one after it loads again, with the new counts."""
     clock = FakeClock()
-    snapshot = Snapshot(lambda: db.photo_counts(pool), 2.0, now=clock.now)
+    snapshot = Snapshot(lambda: views.photo_counts(pool), 2.0, now=clock.now)
     results: list[Any] = []
 
     async def view() -> None:
@@ -376,7 +376,7 @@ async def test_a_failed_snapshot_is_kept_for_the_interval(database_url: str) -> 
     gone = await db.connect(missing, 1)
     try:
         clock = FakeClock()
-        snapshot = Snapshot(lambda: db.photo_counts(gone), 2.0, now=clock.now)
+        snapshot = Snapshot(lambda: views.photo_counts(gone), 2.0, now=clock.now)
         for _ in range(3):
             with pytest.raises(DatabaseUnavailableError):
                 await snapshot.get()
@@ -393,6 +393,6 @@ def test_counts_fold_into_states_and_failures_by_code() -> None:
     """One GROUP BY gives both tables: states by name, failure codes most frequent first."""
     rows = [("processed", None, 5), ("processing_failed", "timeout", 1),
             ("processing_failed", "corrupt_image", 3), ("processing_failed", None, 1)]  # fmt: skip
-    states, failures = db.fold_counts(rows)
+    states, failures = views.fold_counts(rows)
     assert states == {"processed": 5, "processing_failed": 5}
     assert list(failures.items()) == [("corrupt_image", 3), ("timeout", 1), ("unknown", 1)]

@@ -14,13 +14,13 @@ import msgspec
 from darkroom.operate import facts, ops
 from darkroom.services import services
 from darkroom.settings import Settings
-from darkroom.store import db, history
+from darkroom.store import db, history, views
 
 
 async def photo_report(pool: db.Pool, photo_id: uuid.UUID) -> dict[str, Any] | None:
     """The photo's row and job, `facts` (stored and readable) and `attempts` (oldest
     first); None for no such photo. Three indexed reads by primary key or photo id."""
-    row = await db.photo_detail(pool, photo_id)
+    row = await views.photo_detail(pool, photo_id)
     if row is None:
         return None
     stored = await history.facts(pool, photo_id) or {}

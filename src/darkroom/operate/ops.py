@@ -19,7 +19,7 @@ from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.services import services
 from darkroom.settings import Settings, servers
-from darkroom.store import db, duties, intake, publishing
+from darkroom.store import db, duties, intake, publishing, views
 from darkroom.store import lanes as store_lanes
 
 # What a bulk (re-)enqueue prints instead of an entry id: the feeder enqueues it.
@@ -52,7 +52,7 @@ PAGE = 500
 
 
 async def status_report(pool: db.Pool, streams: Streams) -> dict[str, Any]:
-    by_state, failures = await db.photo_counts(pool)
+    by_state, failures = await views.photo_counts(pool)
     report = {**await streams.status(), "photos": by_state, "failures": failures,
               "duties": await duties.holders(pool)}  # fmt: skip
     mark_idle(report["consumers"])
@@ -114,7 +114,7 @@ def _duty_line(duty: dict[str, Any]) -> str:
 
 async def cmd_photos(settings: Settings, args: argparse.Namespace) -> int:
     async with services(settings, 1) as (pool, _):
-        rows = await db.list_photos(pool, args.state, args.limit)
+        rows = await views.list_photos(pool, args.state, args.limit)
     if args.json:
         print(msgspec.json.encode(rows).decode())
         return 0

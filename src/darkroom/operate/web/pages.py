@@ -19,7 +19,7 @@ from darkroom.operate import chart, history, ops
 from darkroom.operate.web import downloads
 from darkroom.operate.web.render import deps, json_response, render
 from darkroom.queue.streams import Streams
-from darkroom.store import db
+from darkroom.store import db, views
 from darkroom.store.storage import CONTENT_TYPES
 
 PAGE_SIZE = 50
@@ -35,8 +35,8 @@ async def overview_data(pool: db.Pool, streams: Streams) -> dict[str, Any]:
     """The status and the throughput charts: what one snapshot holds (render.Deps)."""
     metrics.WEB_SNAPSHOTS.inc()
     report = await ops.status_report(pool, streams)
-    now, minutes = await db.throughput(pool, "minute", 3600)
-    _, hours = await db.throughput(pool, "hour", 86400)
+    now, minutes = await views.throughput(pool, "minute", 3600)
+    _, hours = await views.throughput(pool, "hour", 86400)
     report["throughput"] = {
         "per_minute": chart.fill(now, minutes, "minute", 60),
         "per_hour": chart.fill(now, hours, "hour", 24),
@@ -71,8 +71,8 @@ def parse_before(raw: str | None) -> tuple[datetime, uuid.UUID] | None:
 
 
 def photo_filters(state: str | None, code: str | None) -> tuple[str | None, str | None]:
-    if state is not None and state not in db.STATES:
-        raise HTTPException(400, f"state must be one of {', '.join(db.STATES)}")
+    if state is not None and state not in views.STATES:
+        raise HTTPException(400, f"state must be one of {', '.join(views.STATES)}")
     if code is not None and state not in (None, "processing_failed"):
         raise HTTPException(400, "an error code filters failed photos: leave the state empty")
     return state, code
@@ -83,7 +83,7 @@ async def photo_page(request: Request) -> dict[str, Any]:
     q = request.query_params
     state, code = photo_filters(q.get("state") or None, q.get("code") or None)
     size = page_size(q.get("limit"), PAGE_SIZE)
-    rows = await db.page_photos(
+    rows = await views.page_photos(
         deps(request).pool, state, code, size + 1, parse_before(q.get("before"))
     )
     more, rows = len(rows) > size, rows[:size]
@@ -96,7 +96,7 @@ async def photos(request: Request) -> Response:
     for row in page["photos"]:
         row["thumb"] = thumbnail_index(decode_renditions(row["renditions"]))
     return render(request, "photos.html", rows=page["photos"], state=page["state"],
-                  code=page["code"], cursor=page["next"], states=db.STATES, limit=page["limit"],
+                  code=page["code"], cursor=page["next"], states=views.STATES, limit=page["limit"],
                   max_limit=MAX_PAGE_SIZE)  # fmt: skip
 
 
@@ -129,7 +129,7 @@ def thumbnail_index(renditions: list[dict[str, Any]]) -> int | None:
 
 async def photo_or_404(request: Request) -> dict[str, Any]:
     photo_id: uuid.UUID = request.path_params["photo_id"]
-    row = await db.photo_detail(deps(request).pool, photo_id)
+    row = await views.photo_detail(deps(request).pool, photo_id)
     if row is None:
         raise HTTPException(404, f"no photo {photo_id}")
     row["renditions"] = decode_renditions(row["renditions"])

@@ -1,0 +1,154 @@
+"""What the operator reads of PostgreSQL: `status`'s counts, `darkroom photos`, and the web
+page's photo detail, keyset pages and throughput chart. Read-only statements, each served by
+an index (schema.sql) so that a page costs O(page) whatever the tables hold.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from darkroom.store.db import Cursor, Pool, translated
+
+# One pass over photos for both tables of the status: by state, and failures by code.
+COUNTS_SQL = "SELECT processing_state, error_code, count(*)::int AS n FROM photos GROUP BY 1, 2"
+
+
+@translated
+async def photo_counts(pool: Pool) -> tuple[dict[str, int], dict[str, int]]:
+    """(photos by state, failed photos by error code), from one query."""
+    return fold_counts([tuple(row) for row in await pool.fetch(COUNTS_SQL)])
+
+
+def fold_counts(
+    rows: list[tuple[str, str | None, int]],
+) -> tuple[dict[str, int], dict[str, int]]:
+    """States in name order; failure codes most frequent first (a failure without a code
+    shows as `unknown`)."""
+    states: dict[str, int] = {}
+    failures: dict[str, int] = {}
+    for state, code, n in rows:
+        states[state] = states.get(state, 0) + n
+        if state == "processing_failed":
+            failures[code or "unknown"] = failures.get(code or "unknown", 0) + n
+    by_code = sorted(failures.items(), key=lambda item: (-item[1], item[0]))
+    return dict(sorted(states.items())), dict(by_code)
+
+
+@translated
+async def list_photos(pool: Pool, state: str | None, limit: int) -> list[dict[str, Any]]:
+    rows = await pool.fetch(
+        """
+        SELECT p.id, p.processing_state, p.visibility, p.format, p.width, p.height, p.bytes,
+               p.error_code, coalesce(j.attempt, 0) AS attempt,
+               coalesce(jsonb_array_length(p.renditions), 0) AS renditions, p.updated_at,
+               p.lane, p.tenant
+        FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
+        WHERE $1::text IS NULL OR p.processing_state = $1
+        ORDER BY p.updated_at DESC, p.id LIMIT $2
+        """,
+        state,
+        limit,
+    )
+    return [dict(row) for row in rows]
+
+
+PHOTO_DETAIL_SQL = """
+SELECT p.id, p.original_key, p.processing_state, p.visibility, p.error_code, p.width,
+       p.height, p.format, p.bytes, p.renditions::text AS renditions, p.created_at,
+       p.updated_at, p.processed_at,
+       j.state AS job_state, coalesce(j.attempt, 0) AS attempt, j.error_code AS job_error_code,
+       j.last_error, j.next_retry_at, j.stream_entry, j.consumer, j.started_at, j.finished_at,
+       j.updated_at AS job_updated_at
+FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
+WHERE p.id = $1
+"""
+
+
+@translated
+async def photo_detail(pool: Pool, photo_id: uuid.UUID) -> dict[str, Any] | None:
+    """One photo with its job row; `renditions` is the JSON text as stored."""
+    row = await pool.fetchrow(PHOTO_DETAIL_SQL, photo_id)
+    return dict(row) if row else None
+
+
+# Newest first, one keyset page strictly before ($2, $3) on (updated_at, id), LIMIT $1.
+# One statement per filter shape, the state a literal: photos_updated_idx serves no filter
+# (or a common state), photos_state_updated_idx a rare state, photos_code_idx a code. A
+# page reads about LIMIT index entries. Only failed photos have a code (every statement
+# that moves a photo out of processing_failed clears it), so a code filter needs no state
+# condition, which would also make the planner count failed photos twice (code × state)
+# and prefer reading every photo of the code and sorting them.
+PAGE_PHOTOS_SQL = """
+SELECT p.id, p.processing_state, p.format, p.width, p.height, p.bytes, p.error_code,
+       p.renditions::text AS renditions, coalesce(j.attempt, 0) AS attempt, p.updated_at
+FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
+WHERE (p.updated_at, p.id) < ($2, $3){filters}
+ORDER BY p.updated_at DESC, p.id DESC
+LIMIT $1
+"""
+STATES = ("uploaded", "processing", "processed", "processing_failed")
+# Before every photo: the cursor of a first page.
+NEWEST: Cursor = (datetime.max.replace(tzinfo=UTC), uuid.UUID(int=(1 << 128) - 1))
+
+
+def page_photos_sql(state: str | None, code: bool) -> str:
+    """The page statement for this filter shape ($4: the code). A code filters failed
+    photos, so it takes no other state."""
+    if code and state not in (None, "processing_failed"):
+        raise ValueError("an error code filters failed photos: state must be processing_failed")
+    if state is not None and state not in STATES:
+        raise ValueError(f"state must be one of {', '.join(STATES)}")
+    if code:
+        return PAGE_PHOTOS_SQL.format(filters=" AND p.error_code = $4")
+    return PAGE_PHOTOS_SQL.format(filters=f" AND p.processing_state = '{state}'" if state else "")
+
+
+@translated
+async def page_photos(
+    pool: Pool,
+    state: str | None,
+    code: str | None,
+    limit: int,
+    before: Cursor | None = None,
+) -> list[dict[str, Any]]:
+    sql = page_photos_sql(state, code is not None)
+    async with pool.acquire() as conn, conn.transaction(readonly=True):
+        # A plan for these very values: a generic plan (which the plan cache may settle on
+        # after five runs) cannot see the cursor, and may filter photos_updated_idx for a
+        # rare state, reading every photo. LOCAL: it ends with this transaction (a pooled
+        # connection is given back without a reset).
+        await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        rows = await conn.fetch(sql, limit, *(before or NEWEST), *([code] if code else []))
+    return [dict(row) for row in rows]
+
+
+# Photos finished per `$1` bucket ('minute' or 'hour') over the last $2 seconds: processed
+# from processed_at, failed from the updated_at of failed photos. Buckets with none are absent.
+THROUGHPUT_SQL = """
+SELECT date_trunc($1, t, 'UTC') AS bucket,
+       sum(processed)::int AS processed, sum(failed)::int AS failed
+FROM (
+    SELECT processed_at AS t, 1 AS processed, 0 AS failed FROM photos
+    WHERE processed_at >= now() - make_interval(secs => $2)
+    UNION ALL
+    SELECT updated_at, 0, 1 FROM photos
+    WHERE processing_state = 'processing_failed' AND updated_at >= now() - make_interval(secs => $2)
+) finished
+GROUP BY 1 ORDER BY 1
+"""
+
+
+Series = list[tuple[Any, int, int]]
+
+
+@translated
+async def throughput(
+    pool: Pool, bucket: Literal["minute", "hour"], span_s: float
+) -> tuple[Any, Series]:
+    """(now, [(bucket start, processed, failed), ...]) in the database's clock."""
+    async with pool.acquire() as conn, conn.transaction():
+        now = await conn.fetchval("SELECT now()")
+        rows = await conn.fetch(THROUGHPUT_SQL, bucket, span_s)
+    return now, [(r["bucket"], r["processed"], r["failed"]) for r in rows]
