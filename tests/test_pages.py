@@ -1,4 +1,4 @@
-"""What a page read costs (issue 12): page sizes clamped, filters served by an index or by a
+"""What a page read costs: page sizes clamped, filters served by an index or by a
 bounded scan the page labels as partial, downloads streamed under a cap, and the overview's
 counts shared by every viewer. Real PostgreSQL, Redis, S3 (moto server) and `darkroom web`."""
 
@@ -32,11 +32,13 @@ from tests.test_web import query, start_web
 JPEG_HEAD = b"\xff\xd8\xff\xe0" + bytes(16)
 
 # 20,000 photos: 10 % failed over four codes, the rest spread over the other states.
+# A library as it looks: most photos processed, a tenth failed, the unfinished states rare
+# (1 % each), so that a filter on one of them is served by photos_state_updated_idx.
 FILL_SQL = """
 INSERT INTO photos (id, original_key, processing_state, error_code, updated_at)
 SELECT gen_random_uuid(), 'originals/x',
-       CASE WHEN i % 10 = 0 THEN 'processing_failed' WHEN i % 10 = 1 THEN 'uploaded'
-            WHEN i % 10 = 2 THEN 'processing' ELSE 'processed' END,
+       CASE WHEN i % 10 = 0 THEN 'processing_failed' WHEN i % 100 = 1 THEN 'uploaded'
+            WHEN i % 100 = 2 THEN 'processing' ELSE 'processed' END,
        CASE WHEN i % 10 = 0 THEN (ARRAY['timeout', 'corrupt_image', 'unsupported_format',
                                         'original_missing'])[1 + (i / 10) % 4] END,
        now() - i * interval '1 second'
