@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS photo_jobs (
 CREATE INDEX IF NOT EXISTS photo_jobs_unfinished_idx
     ON photo_jobs (updated_at) WHERE state IN ('pending', 'active');
 
--- ---- the sweep's keyset (issue 6, point 4) ------------------------------------------------
+-- ---- the sweep's keyset -------------------------------------------------------------------
 -- photos.last_activity_at: the last sign of progress of the photo or its job. Every state
 -- change in db.py sets it (claim, publish, retry, failure, requeue, reset); a new row gets
 -- now(). The sweep pages over (last_activity_at, id) of unfinished photos through
@@ -77,7 +77,7 @@ DROP INDEX IF EXISTS photos_unfinished_idx;
 CREATE INDEX IF NOT EXISTS photo_jobs_stream_entry_idx ON photo_jobs (stream_entry);
 -- ---- end of the sweep's keyset ------------------------------------------------------------
 
--- Facts read from the original during its one decode (issue 7). Added in place, so
+-- Facts read from the original during its one decode. Added in place, so
 -- `migrate` upgrades a database that already holds photos; all NULL until (re)rendered.
 ALTER TABLE photos
     ADD COLUMN IF NOT EXISTS taken_at_local  timestamp,
@@ -107,7 +107,7 @@ CREATE INDEX IF NOT EXISTS photos_state_updated_idx ON photos (processing_state,
 CREATE INDEX IF NOT EXISTS photos_processed_at_idx ON photos (processed_at)
     WHERE processed_at IS NOT NULL;
 
--- What counts as an attempt (issue 12). `attempt` counts the claims that started work and
+-- What counts as an attempt. `attempt` counts the claims that started work and
 -- ended in the photo's own failure or its worker's death; a claim by a live holder's own
 -- process, or one that ended in a transient error, is not counted. `attempt - run_offset`
 -- is this run's count, the one DARKROOM_MAX_ATTEMPTS caps (an operator retry or a
@@ -124,13 +124,13 @@ ALTER TABLE photo_jobs
     ADD COLUMN IF NOT EXISTS lease_until     timestamptz,
     ADD COLUMN IF NOT EXISTS transient_since timestamptz;
 
--- the operator's page filtered by error code (issue 12): failed photos of one code, newest
+-- the operator's page filtered by error code: failed photos of one code, newest
 -- first, a keyset page reading only its own index entries (db.page_photos_sql). Only failed
 -- photos have a code: every statement that moves a photo out of processing_failed clears it.
 CREATE INDEX IF NOT EXISTS photos_code_idx ON photos (error_code, updated_at, id)
     WHERE error_code IS NOT NULL;
 
--- ---- issue 13: lanes and tenants ----------------------------------------------------------
+-- ---- lanes and tenants --------------------------------------------------------------------
 -- lane: which work stream the photo goes through (interactive: DARKROOM_STREAM; bulk:
 -- DARKROOM_BULK_STREAM, fed fairly between tenants). tenant: whose photo it is ('' =
 -- nobody's). enqueued_at: when the photo last entered a work stream (NULL: never, so a
@@ -171,9 +171,9 @@ BEGIN
     UPDATE photos SET tenant = left(tenant, 128) WHERE char_length(tenant) > 128;
 EXCEPTION WHEN duplicate_object THEN NULL;
 END $$;
--- ---- end of issue 13 ----------------------------------------------------------------------
+-- ---- end of lanes and tenants -------------------------------------------------------------
 
--- ---- issue 16: HDR originals ----------------------------------------------------------------
+-- ---- HDR originals ------------------------------------------------------------------------
 -- hdr: what an HDR display could show of the original (docs/hdr.md): 'gainmap' (an Ultra HDR
 -- or ISO 21496-1 JPEG, or an iPhone HEIC, whose JPEG renditions carry the map; an AVIF
 -- `tmap`, shown as its SDR base), 'pq' or 'hlg' (an HDR transfer without a map, tone-mapped
@@ -184,9 +184,9 @@ BEGIN
     ALTER TABLE photos ADD CONSTRAINT photos_hdr_check CHECK (hdr IN ('gainmap', 'pq', 'hlg'));
 EXCEPTION WHEN duplicate_object THEN NULL;
 END $$;
--- ---- end of issue 16 ----------------------------------------------------------------------
+-- ---- end of HDR originals -----------------------------------------------------------------
 
--- ---- issue 14: attempt history -------------------------------------------------------------
+-- ---- attempt history ----------------------------------------------------------------------
 -- One row per delivery that reached a worker (docs/history.md). A claimed delivery's row
 -- is inserted `running` by its claim and finished by its publish, or by one UPDATE when it
 -- ends otherwise; a row still `running` after its job's lease is gone is a worker that
@@ -215,9 +215,9 @@ CREATE INDEX IF NOT EXISTS photo_attempts_started_idx ON photo_attempts (started
 CREATE INDEX IF NOT EXISTS photo_attempts_code_idx ON photo_attempts (error_code, started_at)
     WHERE error_code IS NOT NULL;
 CREATE INDEX IF NOT EXISTS photo_attempts_consumer_idx ON photo_attempts (consumer, started_at);
--- ---- end of issue 14 (attempt history) -----------------------------------------------------
+-- ---- end of attempt history ---------------------------------------------------------------
 
--- ---- issue 14: photo events, a transactional outbox ---------------------------------------
+-- ---- photo events, a transactional outbox -------------------------------------------------
 -- One row per terminal outcome, inserted by the outcome's own statement (db.PUBLISH_SQL,
 -- FAIL_SQL, RERENDER_FAILED_SQL), so an event exists exactly when its state change committed.
 -- The relay (relay.py) XADDs unpublished rows in id order and sets published_at. Every
@@ -273,8 +273,8 @@ CREATE OR REPLACE FUNCTION darkroom_event_notice(id bigint, photo_id uuid, type 
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
 SELECT json_build_object('id', id, 'photo_id', photo_id, 'type', type)::text
 $$;
--- ---- end of issue 14 ----------------------------------------------------------------------
--- ---- issue 14.5: the feeder (PostgreSQL intake, fair bulk feeding) ----------------------
+-- ---- end of photo events ------------------------------------------------------------------
+-- ---- the feeder (PostgreSQL intake, fair bulk feeding) ------------------------------------
 -- The one rule: a row with `enqueued_at IS NULL` whose photo is unfinished is put into its
 -- lane's stream by the feeder (interactive at once, bulk in fair order); a claim sets
 -- enqueued_at, so a photo its producer XADDed and a worker claimed is never enqueued again.
@@ -301,7 +301,7 @@ BEGIN
 END $$;
 CREATE OR REPLACE TRIGGER photos_intake_notify AFTER INSERT ON photos
     FOR EACH ROW WHEN (NEW.enqueued_at IS NULL) EXECUTE FUNCTION darkroom_notify_intake();
--- ---- end of issue 14.5 --------------------------------------------------------------------
+-- ---- end of the feeder --------------------------------------------------------------------
 
 -- ---- leased duties: the feeder, the relay, the sweep, the history prune -------------------
 -- One row per duty (store/duties.py), held by one worker process at a time until

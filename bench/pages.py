@@ -81,7 +81,7 @@ PAGES = [
     (f"dead letters, code {CODE}", f"/dead-letters?code={CODE}"),
 ]
 
-# The pages' queries before issue 12, timed directly for comparison.
+# The photo page's query before the code filter had its index, timed directly for comparison.
 OLD_PAGE_SQL = """
 SELECT p.id, p.processing_state, p.format, p.width, p.height, p.bytes, p.error_code,
        p.renditions::text AS renditions, coalesce(j.attempt, 0) AS attempt, p.updated_at

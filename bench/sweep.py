@@ -37,7 +37,8 @@ BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
 AFTER_S = 300.0
 CHUNK = 10_000
 
-# The page query before issue 6: keyset over a computed expression no index serves.
+# The page query before the sweep's keyset on photos.last_activity_at: keyset over a
+# computed expression no index serves.
 OLD_STALE_SQL = """
 SELECT * FROM (
     SELECT p.id, j.stream_entry,

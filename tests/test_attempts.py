@@ -1,4 +1,4 @@
-"""What counts as an attempt, in PostgreSQL (issue 12), against the real server: a claim
+"""What counts as an attempt, in PostgreSQL, against the real server: a claim
 counts once per worker process, never while another consumer's live process holds the job,
 and never past the run's cap; a stop gives the attempt back; the transient streak outlives
 claims and ends with an outcome. Every claim grants the next fencing token, and a holder's

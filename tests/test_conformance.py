@@ -1,4 +1,4 @@
-"""Conformance of HEIF/AVIF handling (issue 12): the classes of public conformance files
+"""Conformance of HEIF/AVIF handling: the classes of public conformance files
 that failed, rebuilt with tests/heifcraft.py around real HEVC and AV1 payloads
 (tests/heif-samples), render as ISO/IEC 23008-12 says, within DARKROOM_MAX_PIXELS, and the
 two classes the specification forbids are refused as corrupt_image."""

@@ -104,7 +104,7 @@ def test_every_malformed_shape_is_dead_lettered_once_on_its_first_delivery(
             "bad_message", "1", ""), shape  # fmt: skip
         assert len(letter) <= KEPT_FIELDS + len(OURS) and letter["error"].isprintable(), shape
         check_kept(letter, SHAPES[shape])
-    reported = letters_of(letters, sent, "a note that is not UTF-8 (issue 12)")
+    reported = letters_of(letters, sent, "a note that is not UTF-8")
     assert reported["note"] == "\\xff\\xfe" and "note" in reported["error"]
     assert letters_of(letters, sent, "20,000 fields")["field_count"] == "20000"
     states = file_env.query("SELECT processing_state, visibility FROM photos")

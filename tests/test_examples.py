@@ -1,4 +1,4 @@
-"""The producer and consumer examples (issue 14.6) run against the real servers: the Python
+"""The producer and consumer examples run against the real servers: the Python
 (redis-py + asyncpg) and Node (ioredis + pg) producers make a photo darkroom processes, the
 PostgreSQL-only producer leaves its row for the intake, and both consumers handle each
 event of `{darkroom}:events` once, however often it is delivered."""

@@ -1,4 +1,4 @@
-"""Facts, placeholders, self-check and re-render (issue 7): the pure parts against
+"""Facts, placeholders, self-check and re-render: the pure parts against
 reference data, then everything through the real worker, read back from PostgreSQL."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""HDR originals (issue 16): gain-map JPEGs give JPEG renditions with their gain map, every
+"""HDR originals: gain-map JPEGs give JPEG renditions with their gain map, every
 other format the SDR base; the `hdr` fact; hostile gain maps fall back or fail alone."""
 
 from __future__ import annotations

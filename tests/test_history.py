@@ -1,4 +1,4 @@
-"""The attempt history (issue 14): every delivery that reaches a worker leaves a row with its
+"""The attempt history: every delivery that reaches a worker leaves a row with its
 stage timings and outcome; a worker's death shows in the timeline; `darkroom photos show`
 and `darkroom attempts` read it; retention deletes expired rows in batches. Against the
 real servers."""

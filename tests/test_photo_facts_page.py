@@ -1,4 +1,4 @@
-"""The photo page's facts and attempt timeline (issue 14.3, 14.4), in Debian's Chromium and
+"""The photo page's facts and attempt timeline, in Debian's Chromium and
 over /api/photos/<id>: the iPhone 6 photo shows its camera and capture time, its
 placeholder and colour swatch load as images, and its delivery is in the timeline."""
 

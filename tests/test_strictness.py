@@ -1,4 +1,4 @@
-"""One standard of strictness for every decoder (issue 7): structurally invalid data fails
+"""One standard of strictness for every decoder: structurally invalid data fails
 as corrupt_image in every allowed format, and valid but less common HEIF/AVIF structures
 (large grids past libheif's default limits) render."""
 

@@ -1,4 +1,4 @@
-"""Transient is not failure (issue 12), through the real CLI against the real servers: S3
+"""Transient is not failure, through the real CLI against the real servers: S3
 throttling a prefix while the probe passes, a PostgreSQL connection killed mid-job and a
 reclaim from a live owner after a Redis outage cost the photo no attempt; only a streak of
 transient errors past DARKROOM_TRANSIENT_BUDGET_S fails it, with the dependency's code."""

@@ -52,7 +52,7 @@ SWEEP_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300),
 )
 SWEEP_SCANNED = Counter("darkroom_sweep_scanned_total", "Stale unfinished photos read by the sweep")
-# photo events (issue 14): the relay of this worker, if it holds the lock
+# photo events: the relay of this worker, if it holds the lock
 EVENTS_RELAYED = Counter("darkroom_events_relayed_total", "Photo events XADDed (a resend too)")
 EVENTS_LAG_SECONDS = Histogram(
     "darkroom_events_lag_seconds",
@@ -68,7 +68,7 @@ DUTY_LOST = Counter(
     ["duty"],
 )
 
-# ---- lanes (issue 13) ----
+# ---- lanes ----
 QUEUE_WAIT_SECONDS = Histogram(
     "darkroom_queue_wait_seconds",
     "From a first delivery's XADD (its entry id) to its render start, by lane",
@@ -84,7 +84,7 @@ def observe_queue_wait(lane: str, enqueued_ms: int) -> float:
     return wait_s
 
 
-# ---- issue 13/14.5: the feeder. A tenant label only for tenants named in
+# ---- the feeder. A tenant label only for tenants named in
 # DARKROOM_TENANT_WEIGHTS, every other tenant is `other`: 10,000 tenants must not become
 # 10,000 series per metric (per-tenant totals of all tenants are in PostgreSQL).
 FED = Counter("darkroom_fed_total", "Photos the feeder put into a lane's stream", ["lane"])
@@ -140,7 +140,7 @@ def _route(path: str, ready: Readiness) -> tuple[str, str, bytes]:
     return "404 Not Found", "text/plain", b"not found\n"
 
 
-# -- queue gauges and outage gauges (issue 9) -----------------------------------------------
+# -- queue gauges and outage gauges ---------------------------------------------------------
 
 # Filled from Redis and Postgres by `darkroom web` from its shared snapshot (one process,
 # so no double counting); kept in their own registry so workers never export them.
@@ -156,7 +156,7 @@ DEAD_LETTERS = Gauge(
     "darkroom_dead_letters", "Entries in the dead-letter stream", registry=QUEUE_REGISTRY
 )
 PHOTOS = Gauge("darkroom_photos", "Photos by state", ["state"], registry=QUEUE_REGISTRY)
-# ---- lanes (issue 13): the same per lane, and how long each lane's oldest entry waited
+# ---- lanes: the same per lane, and how long each lane's oldest entry waited
 LANE_LENGTH = Gauge("darkroom_lane_length", "Entries in a lane's work stream", ["lane"],
                     registry=QUEUE_REGISTRY)  # fmt: skip
 LANE_LAG = Gauge("darkroom_lane_lag", "A lane's entries not yet delivered", ["lane"],

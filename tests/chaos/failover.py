@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.chaos.rig import Rig
 
-# How long each window stays open, in seconds (issue 6).
+# How long each window stays open, in seconds.
 FAILOVER_S = {"redis_replica": 10.0, "pg_read_only": 30.0, "s3_denied": 20.0,
               "s3_slowdown": 15.0}  # fmt: skip
 # Failures logged this long after a window closed still count as its cost (a failure record

@@ -29,7 +29,7 @@ ORDER = ("redis_replica", "pg_read_only", "s3_denied")
 # Healthy seconds before each window: more than the gate's longest wait between probes
 # (10 s), so each window meets workers that saw the previous one end.
 GAP_S = 12.0
-# Issue 6's bounds: deliveries ≤ photos + 10 %; log lines while Redis is a replica (2 workers,
+# The failover bounds: deliveries ≤ photos + 10 %; log lines while Redis is a replica (2 workers,
 # 10 s), where the unfixed worker wrote ~10^5 lines in a hot loop.
 MAX_DELIVERIES = PHOTOS_N + PHOTOS_N // 10
 MAX_LOG_LINES_REDIS_WINDOW = 200

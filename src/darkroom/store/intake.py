@@ -1,7 +1,7 @@
 """PostgreSQL for the feeder: the rows still to be enqueued (`enqueued_at IS NULL`, the
 photo unfinished), the bulk backlog by tenant, and the LISTEN connection of the single
 feeder (the holder of its duty, duty.py). Every query is served by a partial index of
-schema.sql's issue 14.5 block, so its cost follows the page, not the backlog. Driver
+schema.sql's feeder block, so its cost follows the page, not the backlog. Driver
 errors become darkroom errors here.
 """
 
@@ -51,7 +51,7 @@ LIMIT $2
 """
 
 # A bulk photo to feed is unfinished, or processed with a re-render requested: this one
-# predicate in every bulk query, the same as the partial indexes' (schema.sql, issue 14.5),
+# predicate in every bulk query, the same as the partial indexes' (schema.sql, the feeder block),
 # so the planner uses them.
 FEEDABLE = """(processing_state IN ('uploaded', 'processing')
        OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))"""

@@ -1,4 +1,4 @@
-"""The photo events outbox in PostgreSQL (photo_events, schema.sql issue 14): its queries, the
+"""The photo events outbox in PostgreSQL (photo_events in schema.sql): its queries, the
 dedicated LISTEN connection, and the CloudEvents 1.0 envelope of a row. The rows are written
 by the outcome statements themselves (publishing.PUBLISH_SQL, leases.FAIL_SQL and
 RERENDER_FAILED_SQL).
