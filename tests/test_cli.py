@@ -177,7 +177,8 @@ def test_help_says_what_darkroom_is_and_each_command_shows_an_example(
 ) -> None:
     """`darkroom --help` describes the service and points to docs/; every command's help
     ends with an example of its use."""
-    from darkroom.cli import SUBCOMMANDS, main
+    from darkroom.cli import main
+    from darkroom.cli_parser import SUBCOMMANDS
 
     with pytest.raises(SystemExit):
         main(["--help"])

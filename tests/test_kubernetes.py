@@ -22,7 +22,9 @@ import pytest
 import redis
 import yaml
 
-from darkroom import settings as settings_mod
+from darkroom.config.env import from_env
+from darkroom.config.redis_url import parse_redis_url
+from darkroom.errors import SettingsError
 from darkroom.queue import lanes
 from darkroom.queue.streams import Streams, connect
 from darkroom.settings import Settings
@@ -69,7 +71,7 @@ def worker_env() -> dict[str, str]:
 
 
 def worker_settings() -> Settings:
-    return settings_mod.from_env(worker_env())
+    return from_env(worker_env())
 
 
 def triggers() -> list[dict[str, Any]]:
@@ -133,7 +135,7 @@ def test_the_manifests_settings_are_ones_darkroom_accepts() -> None:
     for spec in pod_specs():
         for container in spec["containers"]:
             literal = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
-            settings_mod.from_env({**config, **literal})
+            from_env({**config, **literal})
     settings = worker_settings()
     assert settings.concurrency == int(worker_container()["resources"]["limits"]["cpu"])
     assert settings.metrics_port == worker_container()["ports"][0]["containerPort"]
@@ -178,8 +180,8 @@ def test_no_pod_gets_service_variables_darkroom_would_refuse() -> None:
     """Service links are off: the Service darkroom-web would add unknown DARKROOM_* names."""
     for service in (m["metadata"]["name"] for m in manifests() if m["kind"] == "Service"):
         linked = {f"{service.upper().replace('-', '_')}_SERVICE_HOST": "10.0.0.1"}
-        with pytest.raises(settings_mod.SettingsError, match="unknown setting"):
-            settings_mod.from_env({**worker_env(), **linked})
+        with pytest.raises(SettingsError, match="unknown setting"):
+            from_env({**worker_env(), **linked})
     for spec in pod_specs():
         assert spec["enableServiceLinks"] is False
 
@@ -226,7 +228,7 @@ def test_each_lane_has_a_lag_and_a_pending_trigger_on_the_workers_group() -> Non
             (True, False), (False, True)]  # fmt: skip
         assert {m["consumerGroup"] for m in mine} == {settings.group}
         assert int(mine[1]["pendingEntriesCount"]) == settings.in_flight_bound
-    [(host, port)] = settings_mod.parse_redis_url(settings.redis_url).nodes
+    [(host, port)] = parse_redis_url(settings.redis_url).nodes
     assert {worker_env()[m["addressFromEnv"]] for m in redis_triggers} == {f"{host}:{port}"}
 
 

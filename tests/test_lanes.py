@@ -15,6 +15,7 @@ import pytest
 import redis.asyncio
 
 from darkroom import sweeper
+from darkroom.config.env import from_env
 from darkroom.errors import SettingsError
 from darkroom.image.renderer import REGULAR_NICE, _Slots
 from darkroom.queue import admission
@@ -22,7 +23,7 @@ from darkroom.queue.admission import Places, Reads
 from darkroom.queue.lanes import MAX_TENANT_CHARS, entry_tenant
 from darkroom.queue.messages import Entry, parse_task, received, task_fields
 from darkroom.queue.streams import Streams
-from darkroom.settings import Settings, from_env
+from darkroom.settings import Settings
 from darkroom.store import db
 from darkroom.store import lanes as store_lanes
 from darkroom.store.storage import FileStorage

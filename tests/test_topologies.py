@@ -15,9 +15,10 @@ import pytest
 import redis
 import redis.cluster
 
+from darkroom.config.env import from_env
+from darkroom.config.redis_url import parse_redis_url
 from darkroom.errors import SettingsError
 from darkroom.queue.streams import Streams, connect
-from darkroom.settings import from_env, parse_redis_url
 from tests import redis_rig
 from tests.conftest import PHOTOS, Env, env_vars
 from tests.redis_rig import SERVICE, Servers, wait_until

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from darkroom.config.env import MINIMUMS, PARSERS, env_name, from_env
+from darkroom.config.redis_url import REDIS_MINIMUMS
 from darkroom.errors import (
     ERROR_CODES,
     BadMessageError,
@@ -30,17 +32,7 @@ from darkroom.queue.messages import (
     parse_task,
     received,
 )
-from darkroom.settings import (
-    MINIMUMS,
-    PARSERS,
-    REDIS_MINIMUMS,
-    RenditionSpec,
-    Settings,
-    env_name,
-    from_env,
-    parse_renditions,
-    redact,
-)
+from darkroom.settings import RenditionSpec, Settings, parse_renditions, redact
 from darkroom.store import keys
 
 SRC = Path(__file__).parents[1] / "src" / "darkroom"
@@ -265,7 +257,7 @@ def test_the_import_contract_refuses_a_wrong_import(tmp_path: Path) -> None:
 
 def test_readme_documents_every_setting_and_error_code() -> None:
     """docs/ lists every DARKROOM_* setting (configuration.md) and error code (reliability.md)."""
-    from darkroom.settings import PARSERS, env_name
+    from darkroom.config.env import PARSERS, env_name
 
     docs = SRC.parents[1] / "docs"
     configuration = (docs / "configuration.md").read_text()

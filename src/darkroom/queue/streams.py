@@ -23,9 +23,9 @@ from redis.backoff import NoBackoff
 from redis.client import NEVER_DECODE
 
 from darkroom import errors
+from darkroom.config.redis_url import RedisTarget, parse_redis_url
 from darkroom.errors import PERMANENT, TRANSIENT, QueueUnavailableError, Rule
 from darkroom.queue.messages import Entry, received
-from darkroom.settings import RedisTarget, parse_redis_url
 
 
 def _prefix(*words: str) -> Any:
