@@ -20,7 +20,7 @@ from darkroom.errors import CorruptImageError, RenderTimeoutError
 from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
-from darkroom.store import db, intake, leases, publishing
+from darkroom.store import db, intake, leases, publishing, views
 from darkroom.store import lanes as store_lanes
 from darkroom.store.storage import FileStorage
 from darkroom.worker import Worker
@@ -271,3 +271,19 @@ async def test_a_duplicate_entry_of_a_photo_a_live_worker_holds_is_settled_at_on
     await b.jobs.handle(duplicate, 1)
     assert await pending_to(a, duplicate.id) == []
     assert await pending_to(a, entry.id) == ["w1"]
+
+
+async def test_status_counts_what_live_leases_hold(database_url: str) -> None:
+    """`status`'s "rendering now" comes from the leases themselves: a job whose lease ran
+    out (its worker died) is not counted, whatever flag its row still carries."""
+    pool = await db.connect(database_url, 2)
+    try:
+        photo_id = uuid.uuid4()
+        await db.insert_photo(pool, photo_id, "originals/x.jpg")
+        await pool.execute("UPDATE photos SET lane = 'bulk', tenant = 'acme'")
+        await leases.claim(pool, photo_id, "1-0", "w1", LONG)
+        assert await views.leased(pool) == [{"lane": "bulk", "tenant": "acme", "n": 1}]
+        await pool.execute("UPDATE photo_jobs SET lease_until = now() - interval '1 s'")
+        assert await views.leased(pool) == []
+    finally:
+        await pool.close()

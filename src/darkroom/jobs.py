@@ -32,10 +32,10 @@ from darkroom.errors import (
 from darkroom.health import DEPENDENCIES, Gate, declared
 from darkroom.image.pipeline import Rendered, RenderResult
 from darkroom.image.renderer import RenderPool
+from darkroom.outcomes import Held, Outcomes
 from darkroom.queue import policy
 from darkroom.queue.inflight import InFlight
-from darkroom.queue.lanes import MAX_TENANT_CHARS
-from darkroom.queue.messages import DeadLetter, Entry, enqueued_ms, parse_task, task_fields
+from darkroom.queue.messages import Entry, enqueued_ms, parse_task
 from darkroom.queue.streams import Streams
 from darkroom.recorder import Recorder
 from darkroom.settings import Settings
@@ -44,9 +44,6 @@ from darkroom.store.storage import CONTENT_TYPES, Storage, Upload
 
 log = structlog.get_logger("darkroom.jobs")
 
-# The shielded failure record (SQL, then its Redis half) gives up after this long; the
-# entry then stays pending and is reclaimed, so a hung dependency cannot hang a stop.
-RECORD_DEADLINE_S = 20.0
 # Giving a claim back at a stop waits at most this long (the process is on its way out).
 RELEASE_DEADLINE_S = 2.0
 
@@ -54,15 +51,6 @@ RELEASE_DEADLINE_S = 2.0
 # Outcomes whose entry is not this delivery's to ack: a live owner's (busy), a newer lease's
 # (lease_lost).
 NOT_OURS = frozenset({"busy", "lease_lost"})
-
-
-@dataclass(frozen=True)
-class Held:
-    """What a failure is recorded under: the lease's token (0: this delivery claimed
-    nothing) and the attempt number the dead letter reports."""
-
-    token: int
-    attempt: int
 
 
 class LeftPending(Exception):
@@ -102,6 +90,7 @@ class Jobs:
             self.holder, policy.lease_ms(self.settings.claim_idle_ms), self.settings.max_attempts
         )
         self.recorder = Recorder(self.pool, self.streams.consumer, self.settings.history)
+        self.outcomes = Outcomes(self.settings, self.pool, self.streams, self.recorder)
         self.named_tenants = frozenset(dict(self.settings.tenant_weights))
 
     def _stream(self, entry: Entry) -> Streams:
@@ -254,20 +243,8 @@ class Jobs:
         current = [r["key"] for r in renditions]
         await self._delete_superseded(task.photo_id, keys.superseded(published.replaced, current))
         if published.again:
-            await self._again(entry, task.photo_id)
+            await self.outcomes.again(entry, task.photo_id)
         return "published"
-
-    async def _again(self, entry: Entry, photo_id: uuid.UUID) -> None:
-        """A re-render requested while this one ran is still to do: once more, through the
-        photo's lane. The publish cleared `enqueued_at`: a bulk photo goes back to the
-        feeder; an interactive one is XADDed here (the intake finds it should this process
-        die first)."""
-        log.info("re-render requested during the render; enqueued again",
-                 photo_id=str(photo_id), lane=entry.lane)  # fmt: skip
-        if entry.lane != "interactive":
-            return
-        entry_id = await self.streams.for_lane("interactive").enqueue(task_fields(photo_id))
-        await db.record_requeued(self.pool, photo_id, entry_id)
 
     async def _claim(self, entry: Entry, photo_id: uuid.UUID) -> leases.Claim:
         """One claim per delivery, however often retried in place (kept with the entry).
@@ -333,7 +310,7 @@ class Jobs:
             return "already"
         code = claim.error_code or "internal_error"
         stage = ERROR_CODES[code].stage if code in ERROR_CODES else "process"
-        if not await self._write_dead_letter(
+        if not await self.outcomes.write_dead_letter(
             entry, deliveries, code, claim.last_error or "", stage
         ):
             return "busy"  # another consumer holds the entry now: its letter, its ack
@@ -362,132 +339,11 @@ class Jobs:
 
     async def _fail(self, entry: Entry, deliveries: int, exc: DarkroomError, bound: Any) -> None:
         claim = self.in_flight.claim_of(entry.id)
-        # PostgreSQL's count; for a failure before any claim, the stream's delivery count
-        attempt = claim.attempt if claim is not None else deliveries
-        decision = policy.decide(
-            attempt,
-            exc,
-            max_attempts=self.settings.max_attempts,
-            base_ms=self.settings.retry_base_ms,
-            cap_ms=self.settings.claim_idle_ms,
-        )
-        final = isinstance(decision, policy.DeadLetter)
+        # the heartbeat leaves a settled entry alone: a late one would cancel its backoff
         self.in_flight.settle(entry.id)
-        metrics.FAILURES.labels(exc.code, str(final).lower()).inc()
-        bound = bound.bind(attempt=attempt, deliveries=deliveries, error_code=exc.code,
-                           error=str(exc))  # fmt: skip
-        # Shielded: the SQL record and its Redis half must not be split by a shutdown;
-        # with a deadline, so a hung dependency cannot hold the stop forever.
-        with anyio.CancelScope(shield=True) as scope:
-            scope.deadline = anyio.current_time() + RECORD_DEADLINE_S
-            lease = Held(claim.token if claim else 0, attempt)
-            await self._record(entry, lease, exc, decision, bound)
-            ending = history.Ending("failed" if final else "retrying", exc.code, str(exc))
-            await self.recorder.end(entry, ending)
-        if scope.cancelled_caught:
-            bound.error("recording the failure timed out; left pending for reclaim")
-
-    async def _record(
-        self,
-        entry: Entry,
-        held: Held,
-        exc: DarkroomError,
-        decision: policy.Retry | policy.DeadLetter,
-        bound: Any,
-    ) -> None:
-        try:
-            if isinstance(decision, policy.Retry):
-                if await self._retry_later(entry, exc, decision.delay_ms, held.token):
-                    bound.warning("attempt failed; will retry", delay_ms=decision.delay_ms)
-                else:
-                    bound.warning("lease_lost", refused="retry")
-            elif (ended := await self._dead_letter(entry, held, exc)) == "dead_lettered":
-                metrics.OUTCOMES.labels("failed").inc()
-                bound.error("photo failed; dead-lettered")
-            elif ended == "rerender_failed":
-                metrics.OUTCOMES.labels("failed").inc()
-                bound.error("re-render failed; the photo keeps its renditions")
-            elif ended == "not_owner":
-                bound.warning("lease_lost", refused="failure",
-                              note="the entry is left to its owner or to reclaim")  # fmt: skip
-            else:
-                metrics.OUTCOMES.labels("already").inc()
-                bound.warning("photo already finished by another delivery; acked")
-        except DarkroomError as follow_up:
-            # Nothing is lost: the entry stays pending and is reclaimed after the idle time.
-            bound.error("could not record the failure; left pending", cause=str(follow_up))
-
-    async def _retry_later(
-        self, entry: Entry, exc: DarkroomError, delay_ms: int, token: int
-    ) -> bool:
-        """False when the lease was lost meanwhile: the job and its entry are the new
-        holder's, and neither is touched (the entry's backoff would take it back)."""
-        photo_id = _photo_id(entry)
-        if photo_id is not None and token:
-            kept = await leases.record_retry(
-                self.pool, photo_id, token, exc.code, str(exc), delay_ms
-            )
-            if not kept:
-                return False
-        idle_ms = policy.preset_idle_ms(self.settings.claim_idle_ms, delay_ms)
-        await self._stream(entry).backoff(entry.id, idle_ms)
-        return True
-
-    async def _dead_letter(self, entry: Entry, held: Held, exc: DarkroomError) -> str:
-        """Record the final failure, then the dead letter. When the photo is already
-        terminal or gone (its one dead letter, if any, exists already) only an ack:
-        `already`, or `rerender_failed` when a re-render of a processed photo failed (the
-        job records the code; the photo keeps its renditions, the request is answered). When this
-        delivery does not hold the job's lease (another process reclaimed the entry, or it
-        never claimed), nothing: `not_owner`, the entry stays pending for its owner."""
-        photo_id = _photo_id(entry)
-        if photo_id is not None:
-            record = await leases.record_failure(
-                self.pool, photo_id, held.token, entry.id, exc.code, str(exc)
-            )
-            if record == "not_owner":
-                return record
-            if record == "finished":
-                return await self._rerender_failed(entry, photo_id, held.token, exc)
-        if not await self._write_dead_letter(entry, held.attempt, exc.code, str(exc), exc.stage):
-            return "not_owner"  # another consumer reclaimed the entry; it writes the letter
-        return "dead_lettered"
-
-    async def _rerender_failed(
-        self, entry: Entry, photo_id: uuid.UUID, token: int, exc: DarkroomError
-    ) -> str:
-        """The photo is terminal: a failed re-render of the lease holder's is recorded (the
-        photo keeps its renditions; a request made during it goes through again), then the
-        entry is acked, unless a re-render under another lease holds it."""
-        failed = await leases.record_rerender_failure(
-            self.pool, photo_id, token, exc.code, str(exc)
-        )
-        if failed == "not_recorded" and await leases.rerender_held_elsewhere(
-            self.pool, photo_id, token
-        ):
-            return "not_owner"  # the re-render's new owner acks its entry itself
-        await self._stream(entry).ack(entry.id)
-        if failed == "again":
-            await self._again(entry, photo_id)
-        return "already" if failed == "not_recorded" else "rerender_failed"
-
-    async def _write_dead_letter(
-        self, entry: Entry, deliveries: int, code: str, message: str, stage: str
-    ) -> bool:
-        """False if another consumer holds the entry now (no letter written)."""
-        photo_id = _photo_id(entry)
-        letter = DeadLetter(
-            photo_id=str(photo_id or ""),
-            source_id=entry.id,
-            error_code=code,
-            error=message[:1000],
-            attempts=deliveries,
-            stage=stage,
-            consumer=self.streams.consumer,
-            lane=entry.lane,
-            tenant=entry.fields.get("tenant", "")[:MAX_TENANT_CHARS],
-        )
-        return bool(await self._stream(entry).dead_letter(entry.id, letter.fields(entry)))
+        # PostgreSQL's count; for a failure before any claim, the stream's delivery count
+        held = Held(claim.token, claim.attempt) if claim is not None else Held(0, deliveries)
+        await self.outcomes.fail(entry, held, deliveries, exc, bound)
 
 
 def _refused(entry: Entry, claim: leases.Claim, status: str) -> str:

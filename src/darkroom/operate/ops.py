@@ -54,7 +54,7 @@ PAGE = 500
 async def status_report(pool: db.Pool, streams: Streams) -> dict[str, Any]:
     by_state, failures = await views.photo_counts(pool)
     report = {**await streams.status(), "photos": by_state, "failures": failures,
-              "duties": await duties.holders(pool)}  # fmt: skip
+              "duties": await duties.holders(pool), "leased": await views.leased(pool)}  # fmt: skip
     mark_idle(report["consumers"])
     for lane in report["lanes"].values():
         lane["oldest_wait_s"] = oldest_wait_s(lane["oldest_entry_ms"], time.time())
@@ -95,6 +95,8 @@ def _format_status(report: dict[str, Any]) -> str:
         "consumers",
         *(f"  {c['name']:<40} pending={c['pending']:<6} idle_ms={c['idle_ms']}"
           + (stale if c["idle_past_bound"] else "") for c in report["consumers"]),
+        "rendering now (held by live job leases)",
+        *(f"  {r['lane']:<12} {r['tenant'] or '-':<20} {r['n']}" for r in report.get("leased", [])),
         "duties (single runners: who holds each lease, since when, until when)",
         *(_duty_line(d) for d in report.get("duties", [])),
         "photos by state",

@@ -36,6 +36,22 @@ def fold_counts(
     return dict(sorted(states.items())), dict(by_code)
 
 
+# What live job leases hold now, by lane and tenant: the work being rendered this moment,
+# counted from the leases themselves (photo_jobs_unfinished_idx: O(unfinished work)).
+LEASED_SQL = """
+SELECT p.lane, p.tenant, count(*)::int AS n
+FROM photo_jobs j JOIN photos p ON p.id = j.photo_id
+WHERE j.state IN ('pending', 'active') AND j.state = 'active' AND j.lease_until > now()
+GROUP BY 1, 2 ORDER BY 1, 2
+"""
+
+
+@translated
+async def leased(pool: Pool) -> list[dict[str, Any]]:
+    """[{lane, tenant, n}]: photos a live lease holds, by lane and tenant."""
+    return [dict(r) for r in await pool.fetch(LEASED_SQL)]
+
+
 @translated
 async def list_photos(pool: Pool, state: str | None, limit: int) -> list[dict[str, Any]]:
     rows = await pool.fetch(
