@@ -35,7 +35,7 @@ PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG_COUNTERS = ("xact_commit", "xact_rollback", "tup_returned", "tup_fetched", "tup_inserted",
                "tup_updated", "tup_deleted", "blks_hit", "blks_read")  # fmt: skip
 TICK_S = os.sysconf("SC_CLK_TCK")
-SCRIPTED = {"xack", "xdel"}  # the worker runs them in ACK_LUA (queue/streams.py) only
+SCRIPTED = {"xack", "xdel"}  # the worker runs them in ACK_LUA (queue/streams/scripts.py) only
 
 
 def free_port() -> int:

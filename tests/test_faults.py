@@ -38,6 +38,8 @@ from darkroom.queue.inflight import InFlight
 from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.streams import Streams
 from darkroom.store import db, leases, probe, storage
+from darkroom.store.storage import files as file_storage
+from darkroom.store.storage import s3 as s3_storage
 from tests.conftest import AWS_ENV, REDIS_URL, free_port
 from tests.faults import DenyingS3Proxy, FakeClock, pg_admin, spare_redis
 
@@ -187,7 +189,7 @@ def test_every_postgres_fault_has_its_reason_and_kind(
 def test_every_s3_fault_has_its_reason_and_kind(make: Any, reason: str, transient: bool) -> None:
     """SlowDown, RequestTimeout, 5xx, timeouts and resets are transient storage errors; a
     denial, a missing bucket, missing credentials or a skewed clock are permanent."""
-    mapped = errors.classify(storage._s3_rules(), make())
+    mapped = errors.classify(s3_storage._s3_rules(), make())
     assert isinstance(mapped, StorageUnavailableError)
     assert (mapped.reason, mapped.transient) == (reason, transient)
 
@@ -198,7 +200,7 @@ def test_every_local_folder_fault_has_its_reason_and_kind(
 ) -> None:
     """A busy or full folder is transient; any other I/O error (a directory where the
     original should be, no permission, a read-only disk) is permanent."""
-    mapped = storage._file_error("reading k", exc)
+    mapped = file_storage._file_error("reading k", exc)
     assert (mapped.reason, mapped.transient) == (reason, transient)
     assert str(mapped).startswith(f"reading k: {reason}: ")
 
@@ -206,7 +208,7 @@ def test_every_local_folder_fault_has_its_reason_and_kind(
 @pytest.mark.parametrize(
     ("table", "faults"),
     [(streams.ERRORS, REDIS_FAULTS), (db.ERRORS, POSTGRES_FAULTS),
-     (storage._s3_rules(), S3_FAULTS), (storage.FILE_ERRORS, FILE_FAULTS)],
+     (s3_storage._s3_rules(), S3_FAULTS), (file_storage.FILE_ERRORS, FILE_FAULTS)],
 )  # fmt: skip
 def test_the_fault_lists_cover_every_row_of_every_table(table: Any, faults: Any) -> None:
     """No row of an adapter's exception table goes untested: each (reason, kind) of the

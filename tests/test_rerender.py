@@ -76,8 +76,8 @@ async def test_storage_lists_a_prefix_page_by_page_and_deletes(
     """`list` pages through every object under a prefix (S3 continuation tokens, local
     folders) with sizes and write times, and nothing outside it; `delete` removes one
     object, and deleting an absent one is not an error."""
-    monkeypatch.setattr(storage, "LIST_PAGE", 3)
-    monkeypatch.setattr(storage, "LIST_FOLDERS", 2)
+    monkeypatch.setattr("darkroom.store.storage.s3.LIST_PAGE", 3)
+    monkeypatch.setattr("darkroom.store.storage.files.LIST_FOLDERS", 2)
     written = {f"renditions/{uuid.UUID(int=n)}/thumb-{n}.webp": b"x" * n for n in range(1, 8)}
     for key, data in written.items():
         await store.put(key, data, "image/webp", "public, max-age=60")

@@ -1,10 +1,12 @@
-"""Redis Streams I/O: group, read, reclaim, heartbeat, ack, backoff, dead-letter, status.
+"""Redis Streams I/O for one consumer: group, read, reclaim, heartbeat, ack, backoff,
+dead-letter, status (`Streams`). The client of each topology and the table that turns
+driver errors into QueueUnavailableError are connection.py's; the Lua that moves entries
+atomically is scripts.py's.
 
 Invariants: an entry is acked (and deleted, so the stream holds only the backlog) only
 after Postgres committed its outcome; nothing pending is ever trimmed; the dead-letter
 XADD and the source XACK+XDEL happen in one Lua script (keys of one hash slot); entries
-are read as raw bytes (RAW_READS), so nothing a producer sends can fail a read. Driver
-errors become QueueUnavailableError here.
+are read as raw bytes (RAW_READS), so nothing a producer sends can fail a read.
 """
 
 from __future__ import annotations
@@ -14,85 +16,15 @@ import copy
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import redis.asyncio as redis
 from redis import exceptions as rx
-from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
-from redis.backoff import NoBackoff
 from redis.client import NEVER_DECODE
 
-from darkroom import errors
-from darkroom.config.redis_url import RedisTarget, parse_redis_url
-from darkroom.errors import PERMANENT, TRANSIENT, QueueUnavailableError, Rule
 from darkroom.queue.messages import Entry, received
+from darkroom.queue.streams import scripts
+from darkroom.queue.streams.connection import ERRORS, Client, connect, translated
 
-
-def _prefix(*words: str) -> Any:
-    return lambda exc: str(exc).startswith(words)
-
-
-Q, T, P = QueueUnavailableError, TRANSIENT, PERMANENT
-# What each Redis failure says about Redis, first match wins. Every row is a queue error
-# (the gate probes: if the probe fails too, it is an outage and the entry waits); a
-# transient one never counts an attempt, a permanent one does if the probe passes.
-ERRORS: tuple[Rule, ...] = (
-    Rule(rx.ReadOnlyError, Q, "read_only", T),  # a demoted primary (failover)
-    Rule(rx.BusyLoadingError, Q, "loading", T),  # a restarted node reading its dataset
-    Rule(rx.MasterDownError, Q, "master_down", T),  # a replica that lost its primary
-    Rule((rx.ClusterDownError, rx.TryAgainError, rx.SlotNotCoveredError), Q, "cluster_down", T),
-    # not a rx.RedisError: no seed node of the cluster answered
-    Rule(rx.RedisClusterException, Q, "cluster_unreachable", T),
-    Rule(rx.OutOfMemoryError, Q, "out_of_memory", T),  # maxmemory reached
-    Rule((rx.AuthenticationError, rx.AuthorizationError), Q, "auth", P),
-    Rule(rx.NoPermissionError, Q, "no_permission", P),  # ACL revoked
-    Rule(rx.ResponseError, Q, "misconf", T, _prefix("MISCONF")),  # RDB/AOF write failing
-    Rule(rx.ResponseError, Q, "wrong_type", P, _prefix("WRONGTYPE")),  # a key of another type
-    Rule(rx.ResponseError, Q, "no_group", P, _prefix("NOGROUP")),
-    Rule((rx.TimeoutError, TimeoutError), Q, "timeout", T),
-    Rule((rx.ConnectionError, OSError), Q, "connection", T),
-    Rule(rx.RedisError, Q, "error", P),
-)
-translated = errors.translated(ERRORS)
-
-# Heartbeat and backoff touch only entries this consumer still owns: a stale worker must
-# not take back an entry another consumer has reclaimed. XPENDING + XCLAIM in one script
-# (atomic, and one slot: Cluster-safe). KEYS[1] stream; ARGV group, consumer, idle ms
-# ('' = now), ids... Returns the ids it refreshed.
-_REFRESH_OWNED = """
-local owned = {}
-for i = 4, #ARGV do
-  local row = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
-  if type(row) == 'table' and row.err then
-    if string.find(row.err, 'NOGROUP', 1, true) then return {} end
-    return row
-  end
-  if row[1] and row[1][2] == ARGV[2] then owned[#owned + 1] = ARGV[i] end
-end
-if #owned == 0 then return {} end
-local args = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
-for _, id in ipairs(owned) do args[#args + 1] = id end
-if ARGV[3] ~= '' then args[#args + 1] = 'IDLE'; args[#args + 1] = ARGV[3] end
-args[#args + 1] = 'JUSTID'
-return redis.call(unpack(args))
-"""
-
-
-# Hand an entry this consumer holds back to the live owner of its job (it reclaimed the
-# entry after a Redis outage ate the owner's heartbeat): XCLAIM to that consumer, JUSTID, so
-# no delivery is counted and the owner's heartbeat keeps it again. One script: the entry
-# moves only if this consumer still holds it. KEYS[1] stream; ARGV group, this consumer,
-# the owner, id. Returns 1 if it moved.
-_HAND_BACK = """
-local row = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[4], ARGV[4], 1)
-if type(row) == 'table' and row.err then
-  if string.find(row.err, 'NOGROUP', 1, true) then return 0 end
-  return row
-end
-if not row[1] or row[1][2] ~= ARGV[2] then return 0 end
-redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, ARGV[4], 'JUSTID')
-return 1
-"""
+# What callers import from here: the client and its error table live in connection.py.
+__all__ = ["ERRORS", "Client", "Streams", "connect", "translated"]
 
 
 def _no_group(exc: rx.ResponseError) -> bool:
@@ -110,131 +42,8 @@ def _group_may_be_gone() -> Iterator[None]:
             raise
 
 
-# redis-py connection defaults; the URL's query options override them. BLOCK reads stay
-# at most 5 s (settings), well under the socket timeout.
-CONNECTION_DEFAULTS: dict[str, Any] = {
-    "socket_timeout": 15,
-    "socket_connect_timeout": 5,
-    "health_check_interval": 30,
-}
-
-
-# One immediate reconnect (a pooled connection the server closed), no more: whether a Redis
-# error is waited out, retried in place or counted is darkroom's to decide, with its own
-# backoff (see ERRORS). redis-py 8's default (10 retries, backoff up to 10 s) hid an outage
-# for about a minute inside one command, and held a stop request as long. A cluster client
-# keeps its own retries: they follow the slot map.
-def _driver_retry() -> Retry:
-    return Retry(NoBackoff(), 1)
-
-
-# Asking a sentinel where the primary is must fail fast, so the next sentinel is asked.
-SENTINEL_DEFAULTS: dict[str, Any] = {"socket_timeout": 2, "socket_connect_timeout": 2}
-
-Client = redis.Redis | RedisCluster
-
-
-def connect(url: str) -> Client:
-    """A client for DARKROOM_REDIS_URL: one node, the primary of a Sentinel service (found
-    again after a failover: a READONLY reply makes it ask the sentinels), or a Cluster."""
-    target = parse_redis_url(url)
-    options = {**CONNECTION_DEFAULTS, **_credentials(target), **target.options}
-    options["decode_responses"] = True
-    if target.topology == "sentinel":
-        return _sentinel_primary(target, {"retry": _driver_retry(), **options})
-    if target.topology == "cluster":
-        nodes = [ClusterNode(host, port) for host, port in target.nodes]
-        return RedisCluster(startup_nodes=nodes, ssl=target.tls, **options)
-    options["retry"] = _driver_retry()
-    if target.unix_path:
-        return redis.Redis(unix_socket_path=target.unix_path, db=target.db, **options)
-    host, port = target.nodes[0]
-    return redis.Redis(host=host, port=port, db=target.db, ssl=target.tls, **options)
-
-
-def _credentials(target: RedisTarget) -> dict[str, Any]:
-    return {"username": target.username, "password": target.password}
-
-
-class SentinelPrimary(redis.Redis):
-    """The primary of a Sentinel service; closing it closes the sentinel connections too."""
-
-    async def aclose(self, close_connection_pool: bool | None = None) -> None:
-        sentinels = self.connection_pool.sentinel_manager.sentinels  # type: ignore[attr-defined]
-        await super().aclose(close_connection_pool)
-        for sentinel in sentinels:
-            await sentinel.aclose()
-
-
-def _sentinel_primary(target: RedisTarget, options: dict[str, Any]) -> redis.Redis:
-    sentinel_options = {
-        **SENTINEL_DEFAULTS,
-        "username": options.pop("sentinel_username", None),
-        "password": options.pop("sentinel_password", None),
-        "decode_responses": True,
-    }
-    if target.tls:
-        ssl = {k: v for k, v in options.items() if k.startswith("ssl_")}
-        sentinel_options.update(ssl=True, **ssl)
-    sentinel = Sentinel(
-        list(target.nodes), sentinel_kwargs=sentinel_options, db=target.db, ssl=target.tls,
-        **options,
-    )  # fmt: skip
-    primary: redis.Redis = sentinel.master_for(str(target.service), redis_class=SentinelPrimary)
-    return primary
-
-
-# Entries move between the two streams in Lua scripts over keys of one hash slot, atomic on
-# a single node, behind Sentinel and on a Cluster alike (the asyncio cluster client of the
-# older redis-py versions pyproject allows refuses MULTI).
-# XACK runs under pcall so that, as in a MULTI, the rest runs when the group is gone; its
-# error is handed back for `_no_group` to judge.
-ACK_LUA = """
-local acked = redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[2])
-redis.call('XDEL', KEYS[1], ARGV[2])
-if type(acked) == 'table' and acked.err then return redis.error_reply(acked.err) end
-return acked
-"""
-# KEYS: dead stream, work stream, the entry's mark; ARGV: maxlen, group, entry id, consumer,
-# mark TTL s, field, value, ...
-# One letter per entry, however often the call is sent: a client that lost the reply and
-# sends it again (redis-py retries once on a dropped connection) finds the mark and gets the
-# first letter's id; the entry, acked and deleted by then, cannot tell it (it is pending with
-# nobody, which a lost group looks like too). An entry pending with another consumer is not
-# ours to dead-letter: it reclaimed the entry while this one was slow, and will dead-letter
-# it itself. An entry pending with nobody (the group lost in a restart) gets its letter.
-DEAD_LETTER_LUA = """
-local done = redis.call('GET', KEYS[3])
-if done then return {done, ''} end
-local row = redis.pcall('XPENDING', KEYS[2], ARGV[2], ARGV[3], ARGV[3], 1)
-if type(row) == 'table' and not row.err and row[1] and row[1][2] ~= ARGV[4] then
-  return {'', 'not_owner'}
-end
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 6))
-redis.call('SET', KEYS[3], id, 'EX', ARGV[5])
-local acked = redis.pcall('XACK', KEYS[2], ARGV[2], ARGV[3])
-redis.call('XDEL', KEYS[2], ARGV[3])
-if type(acked) == 'table' and acked.err then return {id, acked.err} end
-return {id, ''}
-"""
-# How long an entry's mark outlives its letter: far past any resend of the same call (one
-# immediate retry here; a cluster client's few, within seconds), short enough that marks
-# cost little memory (about 100 bytes each) after a burst of failures.
-LETTERED_TTL_S = 3600
-
-
 def _flat(fields: dict[str, str]) -> list[str]:
     return [item for pair in fields.items() for item in pair]
-
-
-# The ids among ARGV that are not in the stream KEYS[1] (one key: valid on a cluster).
-MISSING_LUA = """
-local gone = {}
-for _, id in ipairs(ARGV) do
-    if #redis.call('XRANGE', KEYS[1], id, id, 'COUNT', 1) == 0 then gone[#gone + 1] = id end
-end
-return gone
-"""
 
 
 # Entries are untrusted bytes: these reads answer raw, undecoded RESP (NEVER_DECODE, and
@@ -400,14 +209,14 @@ class Streams:
         """Give an entry this consumer holds to `owner`, counting no delivery; False if this
         consumer no longer holds it."""
         args = [self.group, self.consumer, owner, entry_id]
-        return bool(await self._run(_HAND_BACK, [self.stream], args))
+        return bool(await self._run(scripts.HAND_BACK_LUA, [self.stream], args))
 
     async def _refresh_owned(self, entry_ids: Sequence[str], idle_ms: str) -> set[str]:
         args = [self.group, self.consumer, idle_ms, *entry_ids]
-        return {str(i) for i in await self._run(_REFRESH_OWNED, [self.stream], args)}
+        return {str(i) for i in await self._run(scripts.REFRESH_OWNED_LUA, [self.stream], args)}
 
     async def _run(self, lua: str, keys: list[str], args: Sequence[str | int]) -> Any:
-        """EVALSHA of one of this module's scripts (loaded on first use, and again after a
+        """EVALSHA of one of scripts.py's scripts (loaded on first use, and again after a
         Redis restart: redis-py falls back to EVAL on NOSCRIPT)."""
         script = self._scripts.get(lua)
         if script is None:
@@ -417,7 +226,7 @@ class Streams:
     @translated
     async def ack(self, entry_id: str) -> None:
         with _group_may_be_gone():
-            await self._run(ACK_LUA, [self.stream], [self.group, entry_id])
+            await self._run(scripts.ACK_LUA, [self.stream], [self.group, entry_id])
 
     def lettered_key(self, entry_id: str) -> str:
         """The mark of an entry already dead-lettered (its letter's id), in the stream's slot."""
@@ -434,11 +243,11 @@ class Streams:
             self.group,
             entry_id,
             self.consumer,
-            LETTERED_TTL_S,
+            scripts.LETTERED_TTL_S,
             *_flat(fields),
         ]
         keys = [self.dead_stream, self.stream, self.lettered_key(entry_id)]
-        dead_id, error = await self._run(DEAD_LETTER_LUA, keys, args)
+        dead_id, error = await self._run(scripts.DEAD_LETTER_LUA, keys, args)
         if error == "not_owner":
             return ""
         if error and not _no_group(rx.ResponseError(error)):
@@ -457,7 +266,7 @@ class Streams:
         sweep page (an XRANGE per id, server-side), not one command per id."""
         if not entry_ids:
             return set()
-        return {str(i) for i in await self._run(MISSING_LUA, [self.stream], entry_ids)}
+        return {str(i) for i in await self._run(scripts.MISSING_LUA, [self.stream], entry_ids)}
 
     @translated
     async def pending_count(self) -> int:
@@ -495,7 +304,7 @@ class Streams:
     async def undelivered(self) -> int:
         """Entries of this lane not yet delivered to the group: acked ones are deleted, so
         the stream's length less its pending entries (one script: one round trip)."""
-        return int(await self._run(_UNDELIVERED, [self.stream], [self.group]))
+        return int(await self._run(scripts.UNDELIVERED_LUA, [self.stream], [self.group]))
 
     @translated
     async def lane_status(self) -> dict[str, Any]:
@@ -517,7 +326,7 @@ class Streams:
     async def _exists(self) -> bool:
         return bool(await self.client.exists(self.stream))
 
-    # -- consumer housekeeping and paged dead letters (issue 9) ------------------------------
+    # -- consumer housekeeping, and the dead letters an operator pages through and replays --
 
     @translated
     async def remove_consumer_if_idle(self, name: str, min_idle_ms: int) -> bool:
@@ -533,7 +342,7 @@ class Streams:
         """1 removed, 0 kept, -1 unknown in this stream."""
         try:
             args: list[str | int] = [self.group, name, min_idle_ms]
-            return int(await self._run(_DELCONSUMER_IF_IDLE, [self.stream], args))
+            return int(await self._run(scripts.DELCONSUMER_IF_IDLE_LUA, [self.stream], args))
         except rx.ResponseError as exc:
             if _no_group(exc) or "no such key" in str(exc):
                 return -1
@@ -561,7 +370,7 @@ class Streams:
         script: two operators replaying at once (a double click) enqueue it once. The new
         entry id, or None if another replay took the letter first."""
         keys = [self.dead_stream, self.stream]
-        new_id = await self._run(_REPLAY_IF_PRESENT, keys, [dead_id, *_flat(fields)])
+        new_id = await self._run(scripts.REPLAY_IF_PRESENT_LUA, keys, [dead_id, *_flat(fields)])
         return str(new_id) if new_id else None
 
     @translated
@@ -569,35 +378,3 @@ class Streams:
         """Delete one dead letter if it is still there (a bulk replay: the feeder enqueues
         the photo); False if another replay took it first."""
         return bool(await self.client.xdel(self.dead_stream, dead_id))
-
-
-# KEYS[1] dead-letter stream, KEYS[2] work stream (one hash slot); ARGV[1] letter id, then
-# the new entry's fields. Returns the new entry id, or false if the letter was gone.
-_REPLAY_IF_PRESENT = """
-if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return false end
-return redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
-"""
-
-# KEYS[1] stream; ARGV group. XLEN less the group's pending count (0 without the group).
-_UNDELIVERED = """
-local summary = redis.pcall('XPENDING', KEYS[1], ARGV[1])
-if type(summary) == 'table' and summary.err then return 0 end
-return redis.call('XLEN', KEYS[1]) - summary[1]
-"""
-
-# KEYS[1] stream; ARGV group, consumer, min idle ms. Returns 1 removed, 0 kept, -1 unknown.
-_DELCONSUMER_IF_IDLE = """
-local rows = redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
-for _, row in ipairs(rows) do
-  local c = {}
-  for i = 1, #row, 2 do c[row[i]] = row[i + 1] end
-  if c['name'] == ARGV[2] then
-    if tonumber(c['pending']) == 0 and tonumber(c['idle']) >= tonumber(ARGV[3]) then
-      redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
-      return 1
-    end
-    return 0
-  end
-end
-return -1
-"""
