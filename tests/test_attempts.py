@@ -248,5 +248,8 @@ async def test_a_stale_rerender_failure_leaves_the_entry_to_its_new_owner(
     assert failed == "finished"
     rerender = await leases.record_rerender_failure(pool, photo_id, old.token, "timeout", "x")
     assert rerender == "not_recorded"
-    assert await leases.rerender_held_elsewhere(pool, photo_id, old.token)
-    assert not await leases.rerender_held_elsewhere(pool, photo_id, new.token)
+    assert await leases.rerender_held_elsewhere(pool, photo_id, old.token, "1-0")
+    assert not await leases.rerender_held_elsewhere(pool, photo_id, new.token, "1-0")
+    assert not await leases.rerender_held_elsewhere(pool, photo_id, old.token, "2-0")
+    await leases.record_retry(pool, photo_id, new.token, "timeout", "slow", 1000)
+    assert await leases.rerender_held_elsewhere(pool, photo_id, old.token, "1-0"), "pending"

@@ -86,8 +86,14 @@ def test_migrate_creates_the_database_and_is_idempotent(file_env: Env) -> None:
         assert "created" in first.stdout and "created" not in second.stdout
         env = Env({**file_env.vars, "DARKROOM_DATABASE_URL": url}, file_env.redis, file_env.tmp)
         tables = env.query("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
-        names = {"photos", "photo_jobs", "photo_attempts", "photo_events", "darkroom_duties",
-                 "darkroom_schema"}
+        names = {
+            "photos",
+            "photo_jobs",
+            "photo_attempts",
+            "photo_events",
+            "darkroom_duties",
+            "darkroom_schema",
+        }
         assert {t["tablename"] for t in tables} == names
         applied = env.query("SELECT sha256 FROM darkroom_schema")
         assert len(applied) == 1, "a re-run on a current schema applies nothing"

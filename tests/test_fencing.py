@@ -287,3 +287,51 @@ async def test_status_counts_what_live_leases_hold(database_url: str) -> None:
         assert await views.leased(pool) == []
     finally:
         await pool.close()
+
+
+async def test_a_stale_publish_leaves_an_entry_its_successor_set_back_for_a_retry(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A froze before its publish; B reclaimed the entry, claimed it and recorded a retry
+    (the job pending again through this entry, its backoff running). A's late publish is
+    refused and A does not ack the entry: B's retry still comes."""
+    a = worker
+    photo_id, entry = await one_photo(a)
+    real = publishing.publish
+
+    async def frozen(pool: Any, pid: Any, facts: Any, rend: Any, lease: Any, att: Any) -> Any:
+        await expire_and_reclaim(a, entry)
+        b = await leases.claim(a.pool, photo_id, entry.id, "w2", leases.Lease("B", 60_000, 5))
+        assert await leases.record_retry(a.pool, photo_id, b.token, "render_timeout", "x", 60_000)
+        return await real(pool, pid, facts, rend, lease, att)
+
+    monkeypatch.setattr(publishing, "publish", frozen)
+    assert a.in_flight.admit(entry.id)
+    async with a.renderer:
+        await a.jobs.handle(entry, 1)
+    assert await pending_to(a, entry.id) == ["w2"], "A left B's entry alone"
+    assert tuple(await a.pool.fetchrow("SELECT state, lease_token FROM photo_jobs")) == (
+        "pending", 2)  # fmt: skip
+
+
+async def test_a_stale_rerender_failure_leaves_an_entry_its_successor_set_back(
+    worker: Worker,
+) -> None:
+    """The same for a re-render: A's late final failure is refused, the re-render is B's
+    (pending for its retry through this entry), and A does not ack the entry."""
+    a = worker
+    photo_id, entry = await one_photo(a)
+    async with a.renderer:
+        assert a.in_flight.admit(entry.id)
+        await a.jobs.handle(entry, 1)
+    await publishing.request_rerender(a.pool, [photo_id], None)
+    await a.streams.enqueue(task_fields(photo_id))
+    [rerender] = await a.streams.read_new(1, 100)
+    assert a.in_flight.admit(rerender.id)
+    assert (await a.jobs._claim(rerender, photo_id)).outcome == "claimed"
+    await expire_and_reclaim(a, rerender)
+    b = await leases.claim(a.pool, photo_id, rerender.id, "w2", leases.Lease("B", 60_000, 5))
+    assert await leases.record_retry(a.pool, photo_id, b.token, "render_timeout", "x", 60_000)
+    await a.jobs._fail(rerender, 1, CorruptImageError("late"), structlog.get_logger())
+    assert await pending_to(a, rerender.id) == ["w2"]
+    assert await a.pool.fetchval("SELECT rerender_requested_at IS NOT NULL FROM photos")

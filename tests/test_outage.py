@@ -147,3 +147,27 @@ def test_a_column_dropped_mid_run_is_an_outage_and_ends_the_drain(file_env: Env)
     assert "attempt failed" not in stderr and "dead-lettered" not in stderr
     assert all(k.endswith("attempt 1") or k.endswith("attempt 0") for k in attempts(file_env))
     assert file_env.redis.xlen(file_env.dead) == 0
+
+
+def test_a_grant_lost_while_recording_failures_is_an_outage(file_env: Env, role: str) -> None:
+    """Photos that fail for good while INSERT on photo_events is revoked: their failure
+    cannot be recorded (its event is in the same statement). That is the deployment's
+    fault, so the gate declares it (/readyz names the grant, intake pauses) instead of the
+    entries being reclaimed for ever; no photo is failed or dead-lettered meanwhile."""
+    port = free_port()
+    file_env.ingest([PHOTOS / "4.webp"])
+    worker = file_env.start("run", DARKROOM_METRICS_PORT=str(port), DARKROOM_CONSUMER="w1")
+    wait_for(file_env, "SELECT 1 FROM photos WHERE processing_state = 'processed'", proc=worker)
+    db_run(file_env, f"REVOKE INSERT ON photo_events FROM {role}")
+    broken = []
+    for n in range(4):
+        path = file_env.tmp / f"broken-{n}.jpg"
+        path.write_bytes(b"\xff\xd8\xff\xe0 not a JPEG after all " + bytes([n]) * 64)
+        broken.append(path)
+    file_env.ingest(broken)
+    said = wait_down(port, "database", worker)
+    worker.send_signal(signal.SIGTERM)
+    worker.communicate(timeout=60)
+    assert said.startswith("permission_denied") and "INSERT on photo_events" in said, said
+    assert file_env.query("SELECT 1 FROM photos WHERE processing_state = 'processing_failed'") == []
+    assert file_env.redis.xlen(file_env.dead) == 0

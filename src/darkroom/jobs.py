@@ -343,7 +343,9 @@ class Jobs:
         self.in_flight.settle(entry.id)
         # PostgreSQL's count; for a failure before any claim, the stream's delivery count
         held = Held(claim.token, claim.attempt) if claim is not None else Held(0, deliveries)
-        await self.outcomes.fail(entry, held, deliveries, exc, bound)
+        outage = await self.outcomes.fail(entry, held, deliveries, exc, bound)
+        if outage is not None:  # intake pauses, /readyz says why, a drain ends with code 3
+            await self.gate.wait(outage.stage, outage)
 
 
 def _refused(entry: Entry, claim: leases.Claim, status: str) -> str:

@@ -15,6 +15,7 @@ import structlog
 
 from darkroom import metrics
 from darkroom.errors import DarkroomError
+from darkroom.health import declared
 from darkroom.queue import policy
 from darkroom.queue.lanes import MAX_TENANT_CHARS
 from darkroom.queue.messages import DeadLetter, Entry, parse_task, task_fields
@@ -52,9 +53,11 @@ class Outcomes:
 
     async def fail(
         self, entry: Entry, held: Held, deliveries: int, exc: DarkroomError, bound: Any
-    ) -> None:
+    ) -> DarkroomError | None:
         """Decide (retry later, or the final failure) on the attempt `held` counts, record it
-        under its lease, and finish the delivery's history row."""
+        under its lease, and finish the delivery's history row. Returns the deployment's
+        error that kept the record from being written (an outage for the caller to declare),
+        else None."""
         decision = policy.decide(
             held.attempt,
             exc,
@@ -70,11 +73,12 @@ class Outcomes:
         # with a deadline, so a hung dependency cannot hold the stop forever.
         with anyio.CancelScope(shield=True) as scope:
             scope.deadline = anyio.current_time() + RECORD_DEADLINE_S
-            await self.record(entry, held, exc, decision, bound)
+            outage = await self.record(entry, held, exc, decision, bound)
             ending = history.Ending("failed" if final else "retrying", exc.code, str(exc))
             await self.recorder.end(entry, ending)
         if scope.cancelled_caught:
             bound.error("recording the failure timed out; left pending for reclaim")
+        return None if scope.cancelled_caught else outage
 
     async def record(
         self,
@@ -83,7 +87,7 @@ class Outcomes:
         exc: DarkroomError,
         decision: policy.Retry | policy.DeadLetter,
         bound: Any,
-    ) -> None:
+    ) -> DarkroomError | None:
         try:
             if isinstance(decision, policy.Retry):
                 if await self._retry_later(entry, exc, decision.delay_ms, held.token):
@@ -105,6 +109,9 @@ class Outcomes:
         except DarkroomError as follow_up:
             # Nothing is lost: the entry stays pending and is reclaimed after the idle time.
             bound.error("could not record the failure; left pending", cause=str(follow_up))
+            # a revoked grant or a schema behind the code: the deployment's, not the photo's
+            return follow_up if declared(follow_up) else None
+        return None
 
     async def _retry_later(
         self, entry: Entry, exc: DarkroomError, delay_ms: int, token: int
@@ -152,7 +159,7 @@ class Outcomes:
             self.pool, photo_id, token, exc.code, str(exc)
         )
         if failed == "not_recorded" and await leases.rerender_held_elsewhere(
-            self.pool, photo_id, token
+            self.pool, photo_id, token, entry.id
         ):
             return "not_owner"  # the re-render's new owner acks its entry itself
         await self._stream(entry).ack(entry.id)

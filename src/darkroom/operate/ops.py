@@ -371,7 +371,7 @@ async def _enqueued(
 
 async def prune_consumers(streams: Streams, idle_ms: int, dry_run: bool) -> list[str]:
     """Consumers with nothing pending idle longer than `idle_ms`: removed (or only named,
-    on a dry run). The check and the delete are atomic in Redis (streams.py)."""
+    on a dry run). The check and the delete are atomic in Redis (queue/streams/scripts.py)."""
     status = await streams.status()
     idle = [c["name"] for c in status["consumers"] if not c["pending"] and c["idle_ms"] > idle_ms]
     if dry_run:

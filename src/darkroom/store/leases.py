@@ -387,10 +387,13 @@ async def release(pool: Pool, photo_id: uuid.UUID, token: int) -> bool:
 
 
 @translated
-async def rerender_held_elsewhere(pool: Pool, photo_id: uuid.UUID, token: int) -> bool:
-    """A re-render of this photo is under way under another lease (its job active with
-    another token): a stale delivery must leave the entry to it."""
-    held = await pool.fetchval(RERENDER_HELD_SQL, photo_id, token)
+async def rerender_held_elsewhere(
+    pool: Pool, photo_id: uuid.UUID, token: int, entry_id: str
+) -> bool:
+    """A re-render of this photo goes on under another lease through this same entry (its
+    job active, or pending after that lease's retry or release): a stale delivery must
+    leave the entry to it. Through another entry, this one is a stale duplicate."""
+    held = await pool.fetchval(RERENDER_HELD_SQL, photo_id, token, entry_id)
     return bool(held)
 
 
@@ -399,5 +402,5 @@ SELECT EXISTS (
     SELECT 1 FROM photos p JOIN photo_jobs j ON j.photo_id = p.id
     WHERE p.id = $1 AND p.processing_state = 'processed'
       AND p.rerender_requested_at IS NOT NULL AND j.type = 'process'
-      AND j.state = 'active' AND j.lease_token <> $2)
+      AND j.state IN ('active', 'pending') AND j.lease_token <> $2 AND j.stream_entry = $3)
 """

@@ -24,7 +24,8 @@ from darkroom.store.db import Pool, translated
 # active) publishes; a holder that froze past its lease and was replaced changes nothing.
 # The requests it answers are those up to the generation its claim recorded: one made
 # during the render stays, with `enqueued_at` cleared so that the photo goes through again
-# (`again`). `lost`: the entry ($28) is held by a newer lease, which acks it itself.
+# (`again`). `lost`: the entry ($28) belongs to a newer lease, which acks it itself: it holds
+# the job (active), or left it pending through this entry (a retry's backoff, a release).
 PUBLISH_SQL = """
 WITH old AS (
     SELECT id, renditions, processing_state AS was FROM photos WHERE id = $1 FOR UPDATE
@@ -81,7 +82,7 @@ SELECT CASE
     WHEN EXISTS (SELECT 1 FROM photo) THEN 'published'
     WHEN NOT EXISTS (SELECT 1 FROM lease) AND EXISTS (
         SELECT 1 FROM photo_jobs j WHERE j.photo_id = $1 AND j.type = 'process'
-          AND j.state = 'active' AND j.stream_entry = $28) THEN 'lost'
+          AND j.state IN ('active', 'pending') AND j.stream_entry = $28) THEN 'lost'
     ELSE 'already' END AS status,
     (SELECT min(replaced::text) FROM photo) AS replaced,
     coalesce((SELECT bool_or(again) FROM photo), false) AS again
