@@ -87,7 +87,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     sweep_after_s: float = 300.0
     # The lease of a single runner (feeder, relay, sweep, history prune: duty.py): a holder
     # that stops renewing loses its duty to another worker within this plus one retry (2 s).
-    duty_lease_s: float = 10.0
+    duty_lease_s: float = 8.0  # taken over within lease + 2 s: 10 s
     job_timeout_s: float = 120.0
     render_memory_mb: int = 2048
     max_pixels: int = 100_000_000
