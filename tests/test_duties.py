@@ -184,8 +184,10 @@ def feeder_holder(env: Env) -> str | None:
 
 def test_freezing_the_feeders_holder_does_not_stop_bulk_feeding(file_env: Env) -> None:
     """Two workers; the one holding the feeder's duty is frozen (SIGSTOP, its connections
-    left open): the other takes the duty over within the lease and a bulk photo inserted
-    after the freeze is processed, well within 15 s."""
+    left open): the other takes the duty over and a bulk photo inserted after the freeze is
+    processed. The time it took is printed (1.9 s here with a 2 s lease; the default lease's
+    figures are in docs/reliability.md): the bound below only rules out the session lock it
+    replaced, which kept the duty until TCP gave up (hours), whatever the machine's load."""
     lease = {"DARKROOM_DUTY_LEASE_S": "2"}
     workers = {name: file_env.start("run", DARKROOM_CONSUMER=name, **lease)
                for name in ("w1", "w2")}  # fmt: skip
@@ -198,7 +200,7 @@ def test_freezing_the_feeders_holder_does_not_stop_bulk_feeding(file_env: Env) -
     try:
         frozen_at = time.monotonic()
         photo_id = insert_row(file_env, lane="bulk", tenant="t")
-        wait_for(lambda: processed(file_env, [photo_id]), timeout_s=15)
+        wait_for(lambda: processed(file_env, [photo_id]), timeout_s=90)
         took_s = time.monotonic() - frozen_at
         new_holder = feeder_holder(file_env)
         assert new_holder is not None and new_holder != holder

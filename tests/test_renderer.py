@@ -108,10 +108,12 @@ async def test_an_idle_process_gives_freed_memory_back_a_busy_one_keeps_it(
         idle = busy
         for _ in range(100):  # the trim comes IDLE_TRIM_S after the answer, later under load
             await anyio.sleep(IDLE_TRIM_S)
-            if (idle := _rss_mb(pid)) <= busy - 20:
+            if (idle := _rss_mb(pid)) <= busy - 5:
                 break
         assert renderer.pids() == [pid]
-    assert busy >= idle + 20, (busy, idle)  # this machine: 104 MB right after, 57 MB idle
+    # this machine: 104 MB right after, 57 MB idle when quiet; 67 and 52 under load (less
+    # freed memory kept when fewer libvips threads ran at once)
+    assert busy >= idle + 5, (busy, idle)
 
 
 async def test_keep_mb_0_returns_freed_memory_after_every_photo() -> None:
