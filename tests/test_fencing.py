@@ -7,44 +7,25 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-import redis.asyncio
 import structlog
 
 from darkroom.errors import CorruptImageError, RenderTimeoutError
 from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
-from darkroom.settings import Settings
 from darkroom.store import db, intake, leases, publishing, views
 from darkroom.store import lanes as store_lanes
-from darkroom.store.storage import FileStorage
 from darkroom.worker import Worker
-from tests.conftest import PHOTOS, REDIS_URL
+from tests import test_worker_inprocess
+from tests.conftest import PHOTOS
 from tests.faults import FakeClock
 
+worker = test_worker_inprocess.worker  # the in-process worker fixture, shared
 FACTS = {"width": 4, "height": 3, "format": "jpeg", "bytes": 10}
 LONG = leases.Lease("A", 60_000, 5)
-
-
-@pytest.fixture
-async def worker(database_url: str, tmp_path: Path) -> AsyncIterator[Worker]:
-    tag = uuid.uuid4().hex[:8]
-    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
-    streams = Streams(client, f"{{f{tag}}}:photos", "darkroom", "w1", f"{{f{tag}}}:dead")
-    pool = await db.connect(database_url, 6)
-    settings = Settings(concurrency=1, read_block_ms=100, stream=streams.stream,
-                        dead_letter_stream=streams.dead_stream,
-                        database_url=database_url)  # fmt: skip
-    await streams.ensure_group()
-    yield Worker(settings, pool, streams, FileStorage(tmp_path / "storage"), clock=FakeClock())
-    await client.delete(*streams.lane_streams.values(), streams.dead_stream)
-    await client.aclose()
-    await pool.close()
 
 
 def second(a: Worker, consumer: str = "w2") -> Worker:
