@@ -55,22 +55,25 @@ def test_ingest_records_lane_tenant_and_cost_and_leaves_bulk_to_the_feeder(
 
 def test_an_upload_does_not_wait_behind_a_bulk_backlog(file_env: Env) -> None:
     """One render slot busy with a library import: an upload is rendered on the reserved
-    slot while most of the backlog still waits."""
+    slot, so only what was already in flight finishes while it waits. Counted in photos
+    rather than seconds, so a busy machine slows both sides alike."""
     settings = {"DARKROOM_CONCURRENCY": "1"}
-    ingest(file_env, BULK_PHOTOS, "--lane", "bulk", "--tenant", "library")
+    for _ in range(3):  # a backlog that outlasts the upload's own ingest on a slow machine
+        ingest(file_env, BULK_PHOTOS, "--lane", "bulk", "--tenant", "library")
     worker = file_env.start("run", **settings)
     wait_for(file_env, "SELECT 1 FROM photo_jobs WHERE state = 'active'", proc=worker)
     [upload] = ingest(file_env, [PHOTOS / "4.webp"])
     done = "SELECT 1 FROM photos WHERE id = $1 AND processing_state = 'processed'"
     wait_for(file_env, done, upload, proc=worker)
-    took_s = file_env.query("SELECT extract(epoch FROM processed_at - enqueued_at)::float AS s"
-                            " FROM photos WHERE id = $1", upload)[0]["s"]  # fmt: skip
-    left = file_env.query("SELECT count(*) AS n FROM photos WHERE lane = 'bulk'"
-                          " AND processing_state <> 'processed'")[0]["n"]  # fmt: skip
     worker.terminate()
     worker.communicate()
-    assert left >= len(BULK_PHOTOS) - 4, f"the upload waited for the backlog ({left} left)"
-    assert took_s < 5, f"enqueued to processed in {took_s:.1f} s: more than one render"
+    [row] = file_env.query(
+        "SELECT count(*) FILTER (WHERE b.processed_at BETWEEN u.enqueued_at AND u.processed_at)"
+        " AS overtook, count(*) FILTER (WHERE b.processed_at IS NULL"
+        " OR b.processed_at > u.processed_at) AS left"
+        " FROM photos u, photos b WHERE u.id = $1 AND b.lane = 'bulk'", upload)
+    assert row["left"] > 0, "the backlog ran out before the upload arrived: nothing to show"
+    assert row["overtook"] <= 2, f"{row['overtook']} bulk photos finished while the upload waited"
 
 
 def test_a_bulk_photo_is_retried_dead_lettered_and_replayed_in_its_lane(file_env: Env) -> None:
