@@ -71,7 +71,9 @@ def test_an_upload_does_not_wait_behind_a_bulk_backlog(file_env: Env) -> None:
         "SELECT count(*) FILTER (WHERE b.processed_at BETWEEN u.enqueued_at AND u.processed_at)"
         " AS overtook, count(*) FILTER (WHERE b.processed_at IS NULL"
         " OR b.processed_at > u.processed_at) AS left"
-        " FROM photos u, photos b WHERE u.id = $1 AND b.lane = 'bulk'", upload)
+        " FROM photos u, photos b WHERE u.id = $1 AND b.lane = 'bulk'",
+        upload,
+    )
     assert row["left"] > 0, "the backlog ran out before the upload arrived: nothing to show"
     assert row["overtook"] <= 2, f"{row['overtook']} bulk photos finished while the upload waited"
 
