@@ -46,7 +46,9 @@ from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 
 SPECS = parse_renditions(DEFAULT_RENDITIONS)
 REDIS_URL = "redis://127.0.0.1:6379/0"
-DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/darkroom_bench"
+# Another name lets two benches run side by side without dropping each other's database.
+DATABASE = os.environ.get("DARKROOM_BENCH_DATABASE", "darkroom_bench")
+DATABASE_URL = f"postgresql://postgres@127.0.0.1:5432/{DATABASE}"
 CORES = len(os.sched_getaffinity(0))
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -164,7 +166,7 @@ class Rig:
 
     def setup(self) -> None:
         subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists",
-                        "darkroom_bench"], check=True)  # fmt: skip
+                        DATABASE_URL.rsplit("/", 1)[1]], check=True)  # fmt: skip
         self.cli("bench-setup", "migrate")
 
     def drain(self, paths: list[Path], workers: int = 1, sample: bool = False,
