@@ -1,9 +1,9 @@
 """The feeder: puts rows with `enqueued_at IS NULL` into their lane's stream. Interactive
-rows (PostgreSQL-only producers) go to DARKROOM_STREAM once their producer's own XADD had
-INTAKE_GRACE_MS to be claimed; bulk rows go to the bulk stream in the scheduler's fair
-order, never more than DARKROOM_BULK_AHEAD undelivered. One feeder at a time across all
-workers: the holder of the feeder's leased duty (duty.py), which LISTENs on darkroom_intake
-on a dedicated connection while it holds it.
+rows (PostgreSQL-only producers) go to DARKROOM_STREAM once their producer's own XADD, had
+there been one, would have been claimed (the delivery horizon, queue/horizon.py); bulk rows
+go to the bulk stream in the scheduler's fair order, never more than DARKROOM_BULK_AHEAD
+undelivered. One feeder at a time across all workers: the holder of the feeder's leased
+duty (duty.py), which LISTENs on darkroom_intake on a dedicated connection while it holds it.
 
 Ordering hazards: the job row before the XADD (a claim must find it to lock), written under
 the duty's fence: a feeder that lost its lease learns it there and XADDs nothing; the XADD
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 import anyio
 import structlog
@@ -23,6 +24,7 @@ import structlog
 from darkroom import metrics
 from darkroom.duty import Duty, Tenure
 from darkroom.health import Clock, RealClock
+from darkroom.queue.horizon import Horizon, Mark
 from darkroom.queue.lanes import entry_tenant
 from darkroom.queue.messages import task_fields
 from darkroom.queue.scheduler import Pending, Refill, Scheduler
@@ -32,9 +34,12 @@ from darkroom.store import db, duties, intake
 
 log = structlog.get_logger("darkroom.feeder")
 
-# A producer that inserts and XADDs gets this long for its own entry to be claimed before
-# the intake enqueues the row too (the duplicate would be harmless, but costs a delivery).
+# A producer that inserts and XADDs does so within this of its row's created_at; the
+# intake counts its entry among those XADDed before a mark only for rows this much older.
 INTAKE_GRACE_MS = 250
+# A delivered entry is claimed (enqueued_at set) within this of its delivery: a mark is used
+# only this long after the group was first seen delivered past it.
+CLAIM_GRACE_MS = 250
 CATCH_UP_S = 2.0  # interactive rows whose notification nobody heard
 TENANT_SCAN_S = 30.0  # bulk tenants whose notification nobody heard
 BULK_POLL_S = 0.1  # how often the bulk stream's backlog is checked while tenants wait
@@ -56,6 +61,8 @@ class Feeder:
     _due_at: float | None = None
     _woken: anyio.Event = field(default_factory=anyio.Event)
     _tenure: Tenure | None = None  # this worker's holding of the duty, while it feeds
+    horizon: Horizon = field(default_factory=lambda: Horizon(CLAIM_GRACE_MS / 1000))
+    _notice: float | None = None  # the oldest notification not yet behind the horizon
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -79,6 +86,8 @@ class Feeder:
         await self.duty.run(self._feed, self.stopping)
 
     async def _feed(self, tenure: Tenure) -> None:
+        # A takeover knows nothing delivered yet; rows nobody heard about get a prompt look.
+        self.horizon, self._notice = Horizon(CLAIM_GRACE_MS / 1000), self.clock.now()
         async with intake.listening(self.settings.database_url, self._heard) as conn:
             log.info("feeding", pg_intake=self.settings.pg_intake, token=tenure.fence.token)
             await self._serve(conn, tenure)
@@ -91,6 +100,8 @@ class Feeder:
             return
         if len(self._notified) < MAX_NOTIFIED:
             self._notified.add(photo_id)
+        if self._notice is None:
+            self._notice = self.clock.now()
         if self._due_at is None:
             self._due_at = self.clock.now() + INTAKE_GRACE_MS / 1000
             self._woken.set()
@@ -134,7 +145,10 @@ class Feeder:
 
     async def _intake(self, conn: intake.Connection) -> None:
         """Every interactive row due, a page at a time."""
-        while rows := await intake.due_interactive(conn, INTAKE_GRACE_MS, PAGE):
+        created_before = await self._horizon(conn)
+        if created_before is None:
+            return
+        while rows := await intake.due_interactive(conn, created_before, PAGE):
             for row in rows:
                 if not await self._enqueue(conn, self.streams, row["id"], task_fields(row["id"])):
                     return
@@ -143,6 +157,29 @@ class Feeder:
             log.info("enqueued rows nobody XADDed", count=len(rows))
             if len(rows) < PAGE or self.stopping.is_set():
                 return
+
+    async def _horizon(self, conn: intake.Connection) -> datetime | None:
+        """A mark (PostgreSQL's clock, then the stream's last id), and the rows' bound from
+        the newest usable one: older rows still NULL were never XADDed (None: no bound yet)."""
+        taken_at = await intake.now(conn)
+        last_id, undelivered = await self.streams.delivery_point()
+        now = self.clock.now()
+        self.horizon.observe(taken_at, last_id, undelivered, now)
+        mark = self.horizon.bound(now)
+        self._follow_up(mark, now)
+        return None if mark is None else mark.taken_at - timedelta(milliseconds=INTAKE_GRACE_MS)
+
+    def _follow_up(self, mark: Mark | None, now: float) -> None:
+        """A notified row behind no usable mark yet: look again when the next ripe mark is
+        usable (on an idle queue, CLAIM_GRACE_MS from now), not at the next catch-up. A
+        backlog ripens marks only as it is delivered: the catch-up looks every CATCH_UP_S."""
+        if self._notice is None:
+            return
+        if mark is not None and mark.seen - INTAKE_GRACE_MS / 1000 > self._notice:
+            self._notice = None
+            return
+        if (usable := self.horizon.next_usable(now)) is not None:
+            self._due_at = usable if self._due_at is None else min(self._due_at, usable)
 
     async def _enqueue(
         self, conn: intake.Connection, streams: Streams, photo_id: uuid.UUID, fields: dict[str, str]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -25,17 +26,18 @@ CLOSE_TIMEOUT_S = 5.0
 Connection = asyncpg.Connection
 Notified = Callable[[str], None]
 
-# Interactive rows nobody enqueued whose commit is at least $1 ms old (the producer's own
-# XADD had that long to be claimed: a claim sets enqueued_at), oldest first.
-# photos_intake_idx.
+# Interactive rows nobody enqueued, created before $1 (the feeder's delivery horizon less
+# the producer's grace, queue/horizon.py: a row that old whose producer XADDed it was
+# claimed, and a claim sets enqueued_at), oldest first. photos_intake_idx.
 # With them, interactive re-renders requested while one ran whose worker died before its
-# XADD (the publish cleared enqueued_at; photos_rerender_due_idx), once $1 ms old too.
+# XADD (the publish cleared enqueued_at; photos_rerender_due_idx), their update before $1
+# too: the publishing worker XADDs after its commit, as a producer does after its insert.
 DUE_SQL = """
 (SELECT id, created_at, extract(epoch FROM now() - created_at)::float8 AS age_s
  FROM photos
  WHERE enqueued_at IS NULL AND lane = 'interactive'
    AND processing_state IN ('uploaded', 'processing')
-   AND created_at < now() - $1 * interval '1 millisecond'
+   AND created_at < $1
  ORDER BY created_at, id
  LIMIT $2)
 UNION ALL
@@ -43,7 +45,7 @@ UNION ALL
  FROM photos
  WHERE enqueued_at IS NULL AND lane = 'interactive'
    AND processing_state = 'processed' AND rerender_requested_at IS NOT NULL
-   AND updated_at < now() - $1 * interval '1 millisecond'
+   AND updated_at < $1
  ORDER BY updated_at, id
  LIMIT $2)
 ORDER BY created_at, id
@@ -139,8 +141,16 @@ SELECT held FROM fence
 
 
 @translated
-async def due_interactive(conn: Connection, grace_ms: int, limit: int) -> list[dict[str, Any]]:
-    return [dict(r) for r in await conn.fetch(DUE_SQL, grace_ms, limit)]
+async def now(conn: Connection) -> datetime:
+    """PostgreSQL's clock: the one `created_at` is written in."""
+    return await conn.fetchval("SELECT now()")  # type: ignore[no-any-return]
+
+
+@translated
+async def due_interactive(
+    conn: Connection, created_before: datetime, limit: int
+) -> list[dict[str, Any]]:
+    return [dict(r) for r in await conn.fetch(DUE_SQL, created_before, limit)]
 
 
 @translated

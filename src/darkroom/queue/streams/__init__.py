@@ -307,6 +307,13 @@ class Streams:
         return int(await self._run(scripts.UNDELIVERED_LUA, [self.stream], [self.group]))
 
     @translated
+    async def delivery_point(self) -> tuple[str, str | None]:
+        """This stream's last generated id, and the first entry the group has not delivered
+        (None: every entry was), in one script (docs/fairness.md, the duplicate rule)."""
+        last, first = await self._run(scripts.DELIVERY_POINT_LUA, [self.stream], [self.group])
+        return _text(last), None if first is None else _text(first)
+
+    @translated
     async def lane_status(self) -> dict[str, Any]:
         """This lane's backlog (entries in the stream), lag (not yet delivered), pending
         (delivered, not acked) and the age of its oldest entry."""

@@ -122,3 +122,23 @@ for _, row in ipairs(rows) do
 end
 return -1
 """
+
+# What the PostgreSQL intake needs to know whether an entry may still wait: the stream's last
+# generated id, and the id of the first entry the group has not delivered (false: none
+# waits). Without the stream: {'0-0', false}; without the group (it would read from the
+# start) every entry waits. KEYS[1] stream; ARGV group.
+DELIVERY_POINT_LUA = """
+local info = redis.pcall('XINFO', 'STREAM', KEYS[1])
+if info.err then return {'0-0', false} end
+local last = '0-0'
+for i = 1, #info, 2 do if info[i] == 'last-generated-id' then last = info[i + 1] end end
+local from = '-'
+for _, row in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local g = {}
+  for i = 1, #row, 2 do g[row[i]] = row[i + 1] end
+  if g['name'] == ARGV[1] then from = '(' .. g['last-delivered-id'] end
+end
+local first = redis.call('XRANGE', KEYS[1], from, '+', 'COUNT', 1)
+if first[1] then return {last, first[1][1]} end
+return {last, false}
+"""
