@@ -62,7 +62,7 @@ class Feeder:
     _woken: anyio.Event = field(default_factory=anyio.Event)
     _tenure: Tenure | None = None  # this worker's holding of the duty, while it feeds
     horizon: Horizon = field(default_factory=lambda: Horizon(CLAIM_GRACE_MS / 1000))
-    _notice: float | None = None  # the oldest notification not yet behind the horizon
+    _notice: float | None = None  # the newest notification not yet behind the horizon
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -100,8 +100,7 @@ class Feeder:
             return
         if len(self._notified) < MAX_NOTIFIED:
             self._notified.add(photo_id)
-        if self._notice is None:
-            self._notice = self.clock.now()
+        self._notice = self.clock.now()
         if self._due_at is None:
             self._due_at = self.clock.now() + INTAKE_GRACE_MS / 1000
             self._woken.set()
@@ -170,7 +169,7 @@ class Feeder:
         return None if mark is None else mark.taken_at - timedelta(milliseconds=INTAKE_GRACE_MS)
 
     def _follow_up(self, mark: Mark | None, now: float) -> None:
-        """A notified row behind no usable mark yet: look again when the next ripe mark is
+        """Notified rows behind no usable mark yet: look again when the next ripe mark is
         usable (on an idle queue, CLAIM_GRACE_MS from now), not at the next catch-up. A
         backlog ripens marks only as it is delivered: the catch-up looks every CATCH_UP_S."""
         if self._notice is None:
