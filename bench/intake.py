@@ -174,6 +174,40 @@ async def backlog(rig: Rig, conn: asyncpg.Connection, client: Any, args: argpars
     }
 
 
+async def mixed(rig: Rig, conn: asyncpg.Connection, client: Any, args: argparse.Namespace,
+                ) -> dict[str, Any]:  # fmt: skip
+    """A backlog that drains: tiny photos queued row then XADD, a PostgreSQL-only row after
+    every `--every`; each kind's wait from commit to render start."""
+    await client.delete(rig.stream)  # the last phase's backlog, and its rows, are gone
+    await conn.execute("DELETE FROM photos WHERE processing_state <> 'processed'")
+    rig.start()
+    await wait_until(conn, FEEDING)
+    xadded, alone = [], []
+    for i in range(args.mixed):
+        photo_id = uuid.uuid4()
+        await conn.execute("INSERT INTO photos (id, original_key) VALUES ($1, $2)",
+                           photo_id, rig.key(TINY))  # fmt: skip
+        if i % args.every == args.every - 1:
+            alone.append(photo_id)
+        else:
+            xadded.append(photo_id)
+            await client.xadd(rig.stream, {"photo_id": str(photo_id)})
+    everyone = xadded + alone
+    done = "SELECT count(*) = $2 FROM photos WHERE id = ANY($1) AND processing_state = 'processed'"
+    await wait_until(conn, done, everyone, len(everyone), timeout_s=1800)
+    rig.stop()
+    info = await stream_info(client, rig.stream)
+    return {"xadded": await start_waits(conn, xadded), "alone": await start_waits(conn, alone),
+            "added": info["entries-added"] - len(xadded)}  # fmt: skip
+
+
+async def start_waits(conn: asyncpg.Connection, ids: list[uuid.UUID]) -> list[float]:
+    rows = await conn.fetch("SELECT extract(epoch FROM j.started_at - p.created_at)::float8 AS s"
+                            " FROM photos p JOIN photo_jobs j ON j.photo_id = p.id"
+                            " WHERE p.id = ANY($1)", ids)  # fmt: skip
+    return sorted(r["s"] for r in rows)
+
+
 async def stream_info(client: Any, stream: str) -> dict[str, Any]:
     if not await client.exists(stream):
         return {"entries-added": 0}
@@ -188,6 +222,7 @@ async def measure(rig: Rig, args: argparse.Namespace) -> str:
         await wait_until(conn, FEEDING)
         waits = await idle_latency(rig, conn, args.idle_rows)
         result = await backlog(rig, conn, client, args)
+        result["mixed"] = await mixed(rig, conn, client, args)
     finally:
         rig.stop()
         await client.delete(rig.stream, f"{{{rig.tag}}}:photos:bulk", f"{{{rig.tag}}}:dead")
@@ -202,9 +237,14 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} s / {p99:.2f} s / {values[-1]:.2f} s"
 
 
+def spread2(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} s / {values[-1]:.2f} s"
+
+
 def report(waits: tuple[list[float], list[float]], r: dict[str, Any],
            args: argparse.Namespace) -> str:  # fmt: skip
     fed, started = waits
+    m = r["mixed"]
     duplicates = r["added"] - args.photos
     return "\n".join([
         "## The PostgreSQL intake behind a backlog",
@@ -230,6 +270,16 @@ def report(waits: tuple[list[float], list[float]], r: dict[str, Any],
         f"(p50 / p99 / max) | — | {spread(fed)} |",
         f"| the same rows, commit → render start (p50 / p99 / max) | ≤ 1 s | {spread(started)} |",
         "",
+        f"A backlog that drains: {args.mixed} tiny photos queued one by one, every "
+        f"{args.every}th a PostgreSQL-only row (no XADD), the others row then XADD, on the "
+        "same worker. Commit → render start (p50 / max):",
+        "",
+        "| photos | count | wait | entries the intake added |",
+        "|---|---:|---|---:|",
+        f"| row then XADD | {len(m['xadded'])} | {spread2(m['xadded'])} | — |",
+        f"| PostgreSQL-only | {len(m['alone'])} | {spread2(m['alone'])} "
+        f"| {m['added']} (one each is right) |",
+        "",
         "The stream may hold one entry more than the photos unfinished for an instant: the "
         "entry of a photo just published is acked right after the commit.",
     ])  # fmt: skip
@@ -240,6 +290,8 @@ def main() -> None:
     parser.add_argument("--photos", type=int, default=300_000)
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--idle-rows", type=int, default=20)
+    parser.add_argument("--mixed", type=int, default=600, help="photos of the draining phase")
+    parser.add_argument("--every", type=int, default=30, help="one PostgreSQL-only row per")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     drop = ["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists", NAME]

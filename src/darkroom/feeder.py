@@ -144,7 +144,7 @@ class Feeder:
 
     async def _intake(self, conn: intake.Connection) -> None:
         """Every interactive row due, a page at a time."""
-        created_before = await self._horizon(conn)
+        created_before = await self._created_before(conn)
         if created_before is None:
             return
         while rows := await intake.due_interactive(conn, created_before, PAGE):
@@ -157,7 +157,7 @@ class Feeder:
             if len(rows) < PAGE or self.stopping.is_set():
                 return
 
-    async def _horizon(self, conn: intake.Connection) -> datetime | None:
+    async def _created_before(self, conn: intake.Connection) -> datetime | None:
         """A mark (PostgreSQL's clock, then the stream's last id), and the rows' bound from
         the newest usable one: older rows still NULL were never XADDed (None: no bound yet)."""
         taken_at = await intake.now(conn)
