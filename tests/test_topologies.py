@@ -266,19 +266,22 @@ def topology_url(request: pytest.FixtureRequest, servers: Servers, tls_servers: 
 
 async def test_every_stream_command_works_on_each_topology(topology_url: str) -> None:
     """Each Streams method, including the ack/dead-letter/replay scripts and the sweeper's
-    pipeline, behaves the same on one node, behind Sentinel and on a Cluster, with and
-    without TLS; an entry's bytes are read as sent."""
+    pipeline and the intake's delivery point, behaves the same on one node, behind Sentinel
+    and on a Cluster, with and without TLS; an entry's bytes are read as sent."""
     tag = uuid.uuid4().hex[:8]
     streams = Streams(connect(topology_url), f"{{{tag}}}:photos", "g", "me", f"{{{tag}}}:dead")
     other = Streams(streams.client, streams.stream, "g", "other", streams.dead_stream)
     try:
         await streams.probe()
         await streams.reconnect()
+        assert await streams.delivery_point() == ("0-0", None)  # no stream: nothing waits
         await streams.ensure_group()
         await streams.ensure_group()  # BUSYGROUP is fine
         ids = [await streams.enqueue({"photo_id": str(n)}) for n in range(4)]
         assert await streams.oldest_entry_ms() == int(ids[0].split("-")[0])
+        assert await streams.delivery_point() == (ids[3], ids[0])
         assert [e.id for e in await streams.read_new(3, 100)] == ids[:3]
+        assert await streams.delivery_point() == (ids[3], ids[3])
         assert await streams.deliveries(ids[0]) == 1 and await streams.pending_count() == 3
         assert await streams.heartbeat(ids[:3]) == set(ids[:3])
         assert await streams.backoff(ids[1], 60_000)
@@ -296,6 +299,8 @@ async def test_every_stream_command_works_on_each_topology(topology_url: str) ->
         assert (status["length"], status["pending"], status["dead_letters"]) == (3, 1, 0)
         assert {c["name"] for c in status["consumers"]} == {"me", "other"}
         await streams.client.xgroup_destroy(streams.stream, "g")
+        # without the group every entry waits (a new one would read from the start)
+        assert await streams.delivery_point() == (new_id, ids[1])
         await other.ack(ids[1])  # the group is gone: a no-op that still deletes the entry
         assert await streams.missing([ids[1]]) == {ids[1]}
         await streams.dead_letter(ids[3], {"photo_id": "3"})
