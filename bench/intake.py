@@ -158,10 +158,10 @@ async def backlog(rig: Rig, conn: asyncpg.Connection, client: Any, args: argpars
         worst, samples = max(worst, length - unfinished), samples + 1
         await asyncio.sleep(SAMPLE_S)
     after = await stream_info(client, rig.stream)
-    distinct = await distinct_photos(client, rig.stream)
     done = await conn.fetchval("SELECT count(*) FROM photos WHERE processed_at IS NOT NULL")
-    rig.stop()
+    rig.stop()  # the stream holds still for the count below
     passes, rows = rig.intake_log()
+    distinct = await distinct_photos(client, rig.stream)
     return {
         "queued_s": queued_s,
         "added": after["entries-added"] - before["entries-added"],
