@@ -328,12 +328,13 @@ async def record_rerender_failure(
 
 # The heartbeat of this process's claims: their leases move on, so a worker that reclaims
 # one of their entries (a Redis outage ate the stream's heartbeat) finds the owner alive.
-# Each lease by its own token: a job claimed since by anyone is not renewed.
+# Each lease by its own token: a job claimed since by anyone is not renewed. `= ANY($1)`
+# finds the held jobs by their key, not among every active job of the deployment.
 RENEW_SQL = """
 UPDATE photo_jobs j SET lease_until = now() + $3 * interval '1 millisecond'
 FROM unnest($1::uuid[], $2::bigint[]) AS held(photo_id, token)
-WHERE j.photo_id = held.photo_id AND j.type = 'process' AND j.state = 'active'
-  AND j.lease_token = held.token
+WHERE j.photo_id = ANY($1::uuid[]) AND j.type = 'process'
+  AND j.photo_id = held.photo_id AND j.state = 'active' AND j.lease_token = held.token
 RETURNING j.photo_id
 """
 
