@@ -34,10 +34,8 @@ BATCH = 500
 IDLE_PASS_S = 30.0
 # Passes at most this often: the commits of a busy worker share one pass (one read, one
 # XADD, one mark) instead of one pass each; a quiet queue's event still leaves at once.
-# At 0.05 s a worker of ~30 photos/s still paid a pass for most photos (0.7 read+mark per
-# photo in bench/capacity.py); at 0.2 s, about one for six, for events that leave at most
-# 0.2 s after their commit while the queue is busy.
-PASS_GAP_S = 0.2
+# So a pass costs each photo less the faster photos come: at most 20 passes a second.
+PASS_GAP_S = 0.05
 # The retention's batches run on their own clock, not on every pass.
 PRUNE_EVERY_S = 60.0
 PRUNE_BATCH = 1000
