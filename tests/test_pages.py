@@ -19,6 +19,7 @@ import pytest
 
 from darkroom.errors import DatabaseUnavailableError, OriginalMissingError, OriginalTooLargeError
 from darkroom.operate import ops
+from darkroom.operate.finished import Finished
 from darkroom.operate.web.downloads import Slots, needs_slot
 from darkroom.operate.web.pages import LETTER_SCAN_MAX, MAX_PAGE_SIZE
 from darkroom.operate.web.snapshot import Snapshot
@@ -398,3 +399,40 @@ def test_counts_fold_into_states_and_failures_by_code() -> None:
     states, failures = views.fold_counts(rows)
     assert states == {"processed": 5, "processing_failed": 5}
     assert list(failures.items()) == [("corrupt_image", 3), ("timeout", 1), ("unknown", 1)]
+
+
+async def test_counts_past_the_cap_are_the_planners_estimates(
+    pool: db.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past COUNTS_CAP photos the status reads no table: it says its counts are estimates,
+    and after an ANALYZE (which samples every row of a table this small) they are the
+    database's counts."""
+    await pool.execute(FILL_SQL, 300)
+    await pool.execute("ANALYZE photos")
+    monkeypatch.setattr(views, "COUNTS_CAP", 100)
+    states, failures, estimated = await views.counts(pool)
+    rows = await pool.fetch("SELECT processing_state, count(*)::int AS n FROM photos GROUP BY 1")
+    assert estimated and states == {r["processing_state"]: r["n"] for r in rows}
+    assert failures == {r["error_code"]: r["n"] for r in await pool.fetch(FAILED_SQL)}
+    monkeypatch.setattr(views, "COUNTS_CAP", 300)
+    assert (await views.counts(pool))[2] is False
+
+
+async def test_the_throughput_charts_read_only_the_minutes_not_yet_settled(pool: db.Pool) -> None:
+    """The first load reads the day; a refresh reads only the photos finished since the
+    last settled minute, and its charts still count every photo: an hour-old photo once,
+    a photo finished now on the refresh."""
+    insert = (
+        "INSERT INTO photos (id, original_key, processing_state, processed_at) VALUES"
+        " (gen_random_uuid(), 'originals/x', 'processed', now() - $1 * interval '1 minute')"
+    )
+    for minutes_ago in (0, 5, 90, 90):
+        await pool.execute(insert, minutes_ago)
+    finished = Finished()
+    per_minute, per_hour = await finished.charts(pool)
+    assert sum(p for _, p, _ in per_minute) == 2 and sum(p for _, p, _ in per_hour) == 4
+    assert finished.settled is not None
+    await pool.execute(insert, 0)
+    per_minute, per_hour = await finished.charts(pool)
+    assert sum(p for _, p, _ in per_minute) == 3 and sum(p for _, p, _ in per_hour) == 5
+    assert len(per_minute) == 60 and len(per_hour) == 24

@@ -48,12 +48,14 @@ GONE_OR_DONE = Skipped("its bulk photo is gone, or processed since; the letter s
 
 # A consumer idle longer than this is marked in `status` and pruned by default (1 h).
 IDLE_BOUND_MS = 3_600_000
+ESTIMATED = " (estimated from the planner's statistics: more photos than a count reads)"
 PAGE = 500
 
 
 async def status_report(pool: db.Pool, streams: Streams) -> dict[str, Any]:
-    by_state, failures = await views.photo_counts(pool)
+    by_state, failures, estimated = await views.counts(pool)
     report = {**await streams.status(), "photos": by_state, "failures": failures,
+              "photos_estimated": estimated,
               "duties": await duties.holders(pool), "leased": await views.leased(pool)}  # fmt: skip
     mark_idle(report["consumers"])
     for lane in report["lanes"].values():
@@ -99,7 +101,7 @@ def _format_status(report: dict[str, Any]) -> str:
         *(f"  {r['lane']:<12} {r['tenant'] or '-':<20} {r['n']}" for r in report.get("leased", [])),
         "duties (single runners: who holds each lease, since when, until when)",
         *(_duty_line(d) for d in report.get("duties", [])),
-        "photos by state",
+        "photos by state" + (ESTIMATED if report.get("photos_estimated") else ""),
         *(f"  {state:<20} {n}" for state, n in report["photos"].items()),
         "failures by error code",
         *(f"  {code:<20} {n}" for code, n in report["failures"].items()),

@@ -72,7 +72,7 @@ WITH p AS (
            AND ((j.holder IS DISTINCT FROM $4 AND j.consumer IS DISTINCT FROM $3)
                 OR (j.holder = $4 AND j.stream_entry IS DISTINCT FROM $2)) AS held
     FROM photo_jobs j JOIN p ON j.photo_id = p.id
-    WHERE j.type = 'process'
+    WHERE j.photo_id = $1 AND j.type = 'process'
     FOR UPDATE OF j
 ), next AS (
     SELECT p.id AS photo_id, prior.id AS job_id, coalesce(prior.own, false) AS own,
@@ -110,7 +110,7 @@ WITH p AS (
 ), photo AS (
     UPDATE photos SET processing_state = 'processing', error_code = NULL, updated_at = now(),
         last_activity_at = now(), enqueued_at = coalesce(photos.enqueued_at, now())
-    FROM p WHERE photos.id = p.id AND NOT p.rerender AND EXISTS (SELECT 1 FROM job)
+    FROM p WHERE photos.id = $1 AND p.id = $1 AND NOT p.rerender AND EXISTS (SELECT 1 FROM job)
 ), attempt_row AS (
     -- the delivery's `running` history row, in the claim's own commit ($7: its lane;
     -- NULL with DARKROOM_HISTORY=false). A claim by the job's own holder (its first reply
@@ -203,7 +203,8 @@ RETURNING photo_id
 -- deadlocking with them, and whoever holds the photo sets last_activity_at itself.
 , photo AS (
 UPDATE photos SET last_activity_at = now()
-WHERE id IN (SELECT id FROM photos WHERE id IN (SELECT photo_id FROM job) FOR UPDATE SKIP LOCKED)
+WHERE id IN (SELECT id FROM photos WHERE id = $1 AND EXISTS (SELECT 1 FROM job)
+             FOR UPDATE SKIP LOCKED)
 )
 SELECT count(*) FROM job
 """
@@ -232,18 +233,18 @@ WITH p AS (
     -- meanwhile (under the photo's lock) has committed
     SELECT jobs.stream_entry, jobs.lease_token = $4 AND jobs.state = 'active' AS owned
     FROM photo_jobs jobs JOIN p ON jobs.photo_id = p.id
-    WHERE jobs.type = 'process'
+    WHERE jobs.photo_id = $1 AND jobs.type = 'process'
     FOR UPDATE OF jobs
 ), job AS (
     UPDATE photo_jobs SET state = 'failed', error_code = $2, last_error = $3,
         next_retry_at = NULL, transient_since = NULL, finished_at = now(), updated_at = now()
-    FROM p, j WHERE photo_jobs.photo_id = p.id AND photo_jobs.type = 'process'
+    FROM p, j WHERE photo_jobs.photo_id = $1 AND p.id = $1 AND photo_jobs.type = 'process'
       AND p.open AND j.owned
     RETURNING photo_jobs.photo_id
 ), photo AS (
     UPDATE photos SET processing_state = 'processing_failed', error_code = $2,
         updated_at = now(), last_activity_at = now()
-    WHERE id IN (SELECT photo_id FROM job)
+    WHERE id = $1 AND EXISTS (SELECT 1 FROM job)
     RETURNING photos AS changed
 ), event AS (
     INSERT INTO photo_events (photo_id, type, data)
@@ -298,7 +299,7 @@ RETURNING j.photo_id, p.rerender_generation > j.generation AS again
         rerender_requested_at = CASE WHEN job.again THEN rerender_requested_at END,
         enqueued_at = CASE WHEN job.again THEN NULL ELSE enqueued_at END,
         updated_at = now(), last_activity_at = now()
-    FROM job WHERE photos.id = job.photo_id
+    FROM job WHERE photos.id = $1 AND job.photo_id = $1
 ), event AS (
     INSERT INTO photo_events (photo_id, type, data)
     SELECT p.id, 'darkroom.photo.rerender_failed', darkroom_event_data(p.photo, $2, $3)
@@ -327,12 +328,13 @@ async def record_rerender_failure(
 
 # The heartbeat of this process's claims: their leases move on, so a worker that reclaims
 # one of their entries (a Redis outage ate the stream's heartbeat) finds the owner alive.
-# Each lease by its own token: a job claimed since by anyone is not renewed.
+# Each lease by its own token: a job claimed since by anyone is not renewed. `= ANY($1)`
+# finds the held jobs by their key, not among every active job of the deployment.
 RENEW_SQL = """
 UPDATE photo_jobs j SET lease_until = now() + $3 * interval '1 millisecond'
 FROM unnest($1::uuid[], $2::bigint[]) AS held(photo_id, token)
-WHERE j.photo_id = held.photo_id AND j.type = 'process' AND j.state = 'active'
-  AND j.lease_token = held.token
+WHERE j.photo_id = ANY($1::uuid[]) AND j.type = 'process'
+  AND j.photo_id = held.photo_id AND j.state = 'active' AND j.lease_token = held.token
 RETURNING j.photo_id
 """
 

@@ -41,8 +41,12 @@ UNPUBLISHED_SQL = f"""
 SELECT {COLUMNS} FROM photo_events WHERE published_at IS NULL ORDER BY id LIMIT $1
 """
 # Fenced ($2..$4, the relay's duty): whether the fence held, whatever the update did.
+# Committed without waiting for the WAL flush (`quick`, as the history's writes): a mark
+# that a crash of PostgreSQL loses only sends its events once more, which the relay's
+# at-least-once delivery allows (consumers dedupe by id); one fsync less per relay pass.
 MARK_SQL = f"""
-WITH fence AS (SELECT {fenced(2)} AS held),
+WITH quick AS (SELECT set_config('synchronous_commit', 'off', true)),
+fence AS (SELECT {fenced(2)} AS held FROM quick),
 marked AS (
     UPDATE photo_events SET published_at = now()
     WHERE id = ANY($1::bigint[]) AND (SELECT held FROM fence)

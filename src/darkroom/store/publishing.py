@@ -31,7 +31,8 @@ WITH old AS (
     SELECT id, renditions, processing_state AS was FROM photos WHERE id = $1 FOR UPDATE
 ), lease AS (
     SELECT j.generation FROM photo_jobs j JOIN old ON j.photo_id = old.id
-    WHERE j.type = 'process' AND j.state = 'active' AND j.lease_token = $27
+    WHERE j.photo_id = $1 AND j.type = 'process' AND j.state = 'active'
+      AND j.lease_token = $27
     FOR UPDATE OF j
 ), photo AS (
     UPDATE photos SET processing_state = 'processed',
@@ -52,7 +53,7 @@ WITH old AS (
         error_code = NULL, processed_at = coalesce(processed_at, now()), updated_at = now(),
         last_activity_at = now()
     FROM old, lease
-    WHERE photos.id = old.id
+    WHERE photos.id = $1 AND old.id = $1
       AND (processing_state = 'processing'
            OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
     RETURNING photos.id, old.renditions AS replaced, old.was,
@@ -60,7 +61,8 @@ WITH old AS (
 ), job AS (
     UPDATE photo_jobs SET state = 'done', error_code = NULL, last_error = NULL,
         next_retry_at = NULL, transient_since = NULL, finished_at = now(), updated_at = now()
-    WHERE photo_id IN (SELECT id FROM photo) AND type = 'process' AND lease_token = $27
+    WHERE photo_id = $1 AND type = 'process' AND lease_token = $27
+      AND EXISTS (SELECT 1 FROM photo)
 ), event AS (
     INSERT INTO photo_events (photo_id, type, data)
     SELECT id, CASE WHEN was = 'processed' THEN 'darkroom.photo.rerendered'

@@ -11,14 +11,58 @@ from typing import Any, Literal
 
 from darkroom.store.db import Cursor, Pool, translated
 
-# One pass over photos for both tables of the status: by state, and failures by code.
-COUNTS_SQL = "SELECT processing_state, error_code, count(*)::int AS n FROM photos GROUP BY 1, 2"
+# The status's counts (`darkroom status`, the page's overview and its /metrics, every few
+# seconds) cost the same whatever photos holds. Exact while the table is small: one pass
+# over at most COUNTS_CAP rows, both tables (by state, and failures by code) from it.
+COUNTS_CAP = 10_000
+COUNTS_SQL = """
+SELECT processing_state, error_code, count(*)::int AS n
+FROM (SELECT processing_state, error_code FROM photos LIMIT $1) capped GROUP BY 1, 2
+"""
+# Past it, estimates from the planner's statistics (the last ANALYZE, which autovacuum
+# runs as the table changes): the row estimate times each state's and each code's
+# frequency in ANALYZE's sample. A code too rare for the sample is left out.
+ESTIMATED_COUNTS_SQL = """
+SELECT s.attname, v.value, v.freq * greatest(c.reltuples, 0) AS n
+FROM pg_class c
+JOIN pg_stats s ON s.schemaname = c.relnamespace::regnamespace::text AND s.tablename = c.relname
+CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs)
+    AS v(value, freq)
+WHERE c.oid = 'photos'::regclass AND s.attname IN ('processing_state', 'error_code')
+"""
 
 
 @translated
 async def photo_counts(pool: Pool) -> tuple[dict[str, int], dict[str, int]]:
-    """(photos by state, failed photos by error code), from one query."""
-    return fold_counts([tuple(row) for row in await pool.fetch(COUNTS_SQL)])
+    """(photos by state, failed photos by error code): exact up to COUNTS_CAP photos."""
+    by_state, failures, _ = await counts(pool)
+    return by_state, failures
+
+
+@translated
+async def counts(pool: Pool) -> tuple[dict[str, int], dict[str, int], bool]:
+    """(photos by state, failed photos by error code, estimated): exact while photos holds
+    at most COUNTS_CAP rows, else the planner's estimates (True). A table past the cap that
+    was never analyzed yet is counted exactly (once autovacuum's ANALYZE ran, no more)."""
+    rows = [tuple(row) for row in await pool.fetch(COUNTS_SQL, COUNTS_CAP + 1)]
+    if sum(n for _, _, n in rows) <= COUNTS_CAP:
+        return (*fold_counts(rows), False)
+    estimated = await pool.fetch(ESTIMATED_COUNTS_SQL)
+    if not any(r["attname"] == "processing_state" for r in estimated):
+        return (*fold_counts([tuple(r) for r in await pool.fetch(ALL_COUNTS_SQL)]), False)
+    return (*fold_estimates([tuple(r) for r in estimated]), True)
+
+
+ALL_COUNTS_SQL = "SELECT processing_state, error_code, count(*)::int AS n FROM photos GROUP BY 1, 2"
+
+
+def fold_estimates(rows: list[tuple[str, str, float]]) -> tuple[dict[str, int], dict[str, int]]:
+    """Pure: ESTIMATED_COUNTS_SQL's rows as fold_counts's two tables (failures by code
+    most frequent first)."""
+    states = {value: round(n) for name, value, n in rows if name == "processing_state"}
+    codes = {value: round(n) for name, value, n in rows if name == "error_code"}
+    by_code = sorted(codes.items(), key=lambda item: (-item[1], item[0]))
+    return dict(sorted(states.items())), dict(by_code)
 
 
 def fold_counts(
@@ -140,17 +184,19 @@ async def page_photos(
     return [dict(row) for row in rows]
 
 
-# Photos finished per `$1` bucket ('minute' or 'hour') over the last $2 seconds: processed
-# from processed_at, failed from the updated_at of failed photos. Buckets with none are absent.
+# Photos finished per `$1` bucket ('minute' or 'hour') over the last $2 seconds, from $3 on
+# if given (NULL: the whole span): processed from processed_at, failed from the updated_at
+# of failed photos. Buckets with none are absent.
 THROUGHPUT_SQL = """
 SELECT date_trunc($1, t, 'UTC') AS bucket,
        sum(processed)::int AS processed, sum(failed)::int AS failed
 FROM (
     SELECT processed_at AS t, 1 AS processed, 0 AS failed FROM photos
-    WHERE processed_at >= now() - make_interval(secs => $2)
+    WHERE processed_at >= greatest(now() - make_interval(secs => $2), $3::timestamptz)
     UNION ALL
     SELECT updated_at, 0, 1 FROM photos
-    WHERE processing_state = 'processing_failed' AND updated_at >= now() - make_interval(secs => $2)
+    WHERE processing_state = 'processing_failed'
+      AND updated_at >= greatest(now() - make_interval(secs => $2), $3::timestamptz)
 ) finished
 GROUP BY 1 ORDER BY 1
 """
@@ -161,10 +207,11 @@ Series = list[tuple[Any, int, int]]
 
 @translated
 async def throughput(
-    pool: Pool, bucket: Literal["minute", "hour"], span_s: float
+    pool: Pool, bucket: Literal["minute", "hour"], span_s: float, since: datetime | None = None
 ) -> tuple[Any, Series]:
-    """(now, [(bucket start, processed, failed), ...]) in the database's clock."""
+    """(now, [(bucket start, processed, failed), ...]) in the database's clock; only the
+    photos finished from `since` on, if given."""
     async with pool.acquire() as conn, conn.transaction():
         now = await conn.fetchval("SELECT now()")
-        rows = await conn.fetch(THROUGHPUT_SQL, bucket, span_s)
+        rows = await conn.fetch(THROUGHPUT_SQL, bucket, span_s, since)
     return now, [(r["bucket"], r["processed"], r["failed"]) for r in rows]

@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from darkroom import metrics
 from darkroom.operate import chart, history, ops
+from darkroom.operate.finished import Finished
 from darkroom.operate.web import downloads
 from darkroom.operate.web.render import deps, json_response, render
 from darkroom.queue.streams import Streams
@@ -31,16 +32,15 @@ LETTER_SCAN_MAX = 1000
 STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
-async def overview_data(pool: db.Pool, streams: Streams) -> dict[str, Any]:
-    """The status and the throughput charts: what one snapshot holds (render.Deps)."""
+async def overview_data(
+    pool: db.Pool, streams: Streams, finished: Finished | None = None
+) -> dict[str, Any]:
+    """The status and the throughput charts: what one snapshot holds (render.Deps).
+    `finished`: the web process's kept minutes (None: the whole day is read)."""
     metrics.WEB_SNAPSHOTS.inc()
     report = await ops.status_report(pool, streams)
-    now, minutes = await views.throughput(pool, "minute", 3600)
-    _, hours = await views.throughput(pool, "hour", 86400)
-    report["throughput"] = {
-        "per_minute": chart.fill(now, minutes, "minute", 60),
-        "per_hour": chart.fill(now, hours, "hour", 24),
-    }
+    per_minute, per_hour = await (finished or Finished()).charts(pool)
+    report["throughput"] = {"per_minute": per_minute, "per_hour": per_hour}
     return report
 
 

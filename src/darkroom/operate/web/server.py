@@ -21,6 +21,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from darkroom.errors import DarkroomError
+from darkroom.operate.finished import Finished
 from darkroom.operate.web import actions, live, pages
 from darkroom.operate.web.auth import Auth
 from darkroom.operate.web.downloads import Slots
@@ -114,7 +115,7 @@ def create_app(settings: Settings) -> Starlette:
         ):
             listener.start_soon(app.state.live.run)
             overview = Snapshot(
-                partial(pages.overview_data, pool, streams), settings.web_snapshot_s
+                partial(pages.overview_data, pool, streams, Finished()), settings.web_snapshot_s
             )
             app.state.deps = Deps(settings, pool, streams, storage, Auth(settings.web_token),
                                   overview, Slots(settings.web_downloads))  # fmt: skip
