@@ -12,18 +12,29 @@ from typing import Any, Literal
 from darkroom.store.db import Cursor, Pool, translated
 
 # The status's counts (`darkroom status`, the page's overview and its /metrics, every few
-# seconds) cost the same whatever photos holds. Exact while the table is small: one pass
-# over at most COUNTS_CAP rows, both tables (by state, and failures by code) from it.
+# seconds) cost the same whatever photos holds: each state, and the failures by code, are
+# counted on their own index (photos_state_updated_idx, photos_code_idx) up to COUNTS_CAP
+# rows. What an operator acts on (queued, in progress, failed, by code) stays exact while
+# it is under the cap, which is nearly always; only a count past it (typically the
+# processed photos) is estimated from the planner's statistics.
 COUNTS_CAP = 10_000
+STATES = ("uploaded", "processing", "processed", "processing_failed")
 COUNTS_SQL = """
-SELECT processing_state, error_code, count(*)::int AS n
-FROM (SELECT processing_state, error_code FROM photos LIMIT $1) capped GROUP BY 1, 2
+SELECT s.state, NULL::text AS code, (SELECT count(*) FROM (SELECT 1 FROM photos p
+    WHERE p.processing_state = s.state LIMIT $2) capped)::int AS n
+FROM unnest($1::text[]) s(state)
+UNION ALL
+SELECT 'processing_failed', error_code, count(*)::int
+FROM (SELECT error_code FROM photos WHERE error_code IS NOT NULL LIMIT $2) coded GROUP BY 2
 """
-# Past it, estimates from the planner's statistics (the last ANALYZE, which autovacuum
-# runs as the table changes): the row estimate times each state's and each code's
-# frequency in ANALYZE's sample. A code too rare for the sample is left out.
+# Past the cap: the row estimate of the last ANALYZE (autovacuum runs it as the table
+# changes), and each state's and code's share of ANALYZE's sample (a code too rare for the
+# sample is left out of an estimated table).
 ESTIMATED_COUNTS_SQL = """
-SELECT s.attname, v.value, v.freq * greatest(c.reltuples, 0) AS n
+SELECT 'rows' AS attname, NULL AS value, greatest(c.reltuples, 0)::float8 AS n
+FROM pg_class c WHERE c.oid = 'photos'::regclass
+UNION ALL
+SELECT s.attname::text, v.value, v.freq * greatest(c.reltuples, 0)
 FROM pg_class c
 JOIN pg_stats s ON s.schemaname = c.relnamespace::regnamespace::text AND s.tablename = c.relname
 CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs)
@@ -31,38 +42,62 @@ CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs)
 WHERE c.oid = 'photos'::regclass AND s.attname IN ('processing_state', 'error_code')
 """
 
+Counts = tuple[dict[str, int], dict[str, int]]
+
 
 @translated
-async def photo_counts(pool: Pool) -> tuple[dict[str, int], dict[str, int]]:
-    """(photos by state, failed photos by error code): exact up to COUNTS_CAP photos."""
+async def photo_counts(pool: Pool) -> Counts:
+    """(photos by state, failed photos by error code): exact under COUNTS_CAP each."""
     by_state, failures, _ = await counts(pool)
     return by_state, failures
 
 
 @translated
 async def counts(pool: Pool) -> tuple[dict[str, int], dict[str, int], bool]:
-    """(photos by state, failed photos by error code, estimated): exact while photos holds
-    at most COUNTS_CAP rows, else the planner's estimates (True). A table past the cap that
-    was never analyzed yet is counted exactly (once autovacuum's ANALYZE ran, no more)."""
-    rows = [tuple(row) for row in await pool.fetch(COUNTS_SQL, COUNTS_CAP + 1)]
-    if sum(n for _, _, n in rows) <= COUNTS_CAP:
-        return (*fold_counts(rows), False)
-    estimated = await pool.fetch(ESTIMATED_COUNTS_SQL)
-    if not any(r["attname"] == "processing_state" for r in estimated):
+    """(photos by state, failed photos by error code, estimated): True when a count past
+    COUNTS_CAP was replaced by the planner's estimate."""
+    rows = await pool.fetch(COUNTS_SQL, list(STATES), COUNTS_CAP + 1)
+    states = {r["state"]: r["n"] for r in rows if r["code"] is None and r["n"]}
+    codes = {r["code"]: r["n"] for r in rows if r["code"] is not None}
+    if max(states.values(), default=0) <= COUNTS_CAP and sum(codes.values()) <= COUNTS_CAP:
+        return (*fold_exact(states, codes), False)
+    estimates = [tuple(r) for r in await pool.fetch(ESTIMATED_COUNTS_SQL)]
+    if not any(name == "rows" and n > 0 for name, _, n in estimates):
+        # Never analyzed yet (autovacuum's first ANALYZE comes soon): a full count, once.
         return (*fold_counts([tuple(r) for r in await pool.fetch(ALL_COUNTS_SQL)]), False)
-    return (*fold_estimates([tuple(r) for r in estimated]), True)
+    return (*fold_estimates(states, codes, estimates, COUNTS_CAP), True)
 
 
 ALL_COUNTS_SQL = "SELECT processing_state, error_code, count(*)::int AS n FROM photos GROUP BY 1, 2"
 
 
-def fold_estimates(rows: list[tuple[str, str, float]]) -> tuple[dict[str, int], dict[str, int]]:
-    """Pure: ESTIMATED_COUNTS_SQL's rows as fold_counts's two tables (failures by code
-    most frequent first)."""
-    states = {value: round(n) for name, value, n in rows if name == "processing_state"}
-    codes = {value: round(n) for name, value, n in rows if name == "error_code"}
-    by_code = sorted(codes.items(), key=lambda item: (-item[1], item[0]))
-    return dict(sorted(states.items())), dict(by_code)
+def fold_exact(states: dict[str, int], codes: dict[str, int]) -> Counts:
+    """Pure: exact counts as the status shows them (a failure without a code: `unknown`)."""
+    rows: list[tuple[str, str | None, int]]
+    rows = [(state, None, n) for state, n in states.items() if state != "processing_failed"]
+    rows += [("processing_failed", code, n) for code, n in codes.items()]
+    unknown = states.get("processing_failed", 0) - sum(codes.values())
+    return fold_counts([*rows, *([("processing_failed", None, unknown)] if unknown > 0 else [])])
+
+
+def fold_estimates(
+    states: dict[str, int], codes: dict[str, int], estimates: list[tuple[str, str, float]], cap: int
+) -> Counts:
+    """Pure: the counts past `cap` replaced by estimates. One state past it (the usual
+    case: processed photos) is the table's row estimate less the exact others; several
+    take their share of ANALYZE's sample. Failure codes past it come from the sample too."""
+    rows = next((n for name, _, n in estimates if name == "rows"), 0.0)
+    share = {v: n for name, v, n in estimates if name == "processing_state"}
+    over = [state for state, n in states.items() if n > cap]
+    exact = sum(n for state, n in states.items() if state not in over)
+    for state in over:
+        guess = rows - exact if len(over) == 1 else share.get(state, 0.0)
+        states[state] = max(cap + 1, round(guess))
+    if sum(codes.values()) > cap:
+        by_state, _ = fold_exact(states, {})
+        coded = {v: round(n) for name, v, n in estimates if name == "error_code" and v}
+        return by_state, dict(sorted(coded.items(), key=lambda item: (-item[1], item[0])))
+    return fold_exact(states, codes)
 
 
 def fold_counts(
