@@ -418,6 +418,23 @@ async def test_counts_past_the_cap_are_the_planners_estimates(
     assert (await views.counts(pool))[2] is False
 
 
+async def test_past_the_cap_only_the_big_count_is_estimated_the_failures_stay_exact(
+    pool: db.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With processed photos past COUNTS_CAP, failures that came after the last ANALYZE
+    are counted at once, by code: the estimate is the processed total alone (the table's
+    row estimate less the exact others)."""
+    await pool.execute(FILL_SQL, 300)  # 264 processed, 30 failed, 6 queued or in progress
+    await pool.execute("ANALYZE photos")
+    await pool.execute(FILL_SQL.replace("i % 10 = 0", "true"), 7)  # 7 new failures
+    monkeypatch.setattr(views, "COUNTS_CAP", 100)
+    states, failures, estimated = await views.counts(pool)
+    exact = {r["error_code"]: r["n"] for r in await pool.fetch(FAILED_SQL)}
+    assert estimated and failures == dict(sorted(exact.items(), key=lambda kv: (-kv[1], kv[0])))
+    assert states["processing_failed"] == 37 and states["uploaded"] + states["processing"] == 6
+    assert states["processed"] == 300 - 37 - 6, "ANALYZE's 300 rows less the exact others"
+
+
 async def test_the_throughput_charts_read_only_the_minutes_not_yet_settled(pool: db.Pool) -> None:
     """The first load reads the day; a refresh reads only the photos finished since the
     last settled minute, and its charts still count every photo: an hour-old photo once,
