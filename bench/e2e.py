@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,8 @@ class Run:
     cpu_ms: float  # worker + render processes + forkserver
     samples: list[tuple[float, int, int, int, int]] = field(default_factory=list)
     done_at: list[float] = field(default_factory=list)
+    # PSS in kB at the sample of the highest total: the workers', then each other process's
+    peak_split: tuple[int, list[int]] = (0, [])
 
     @property
     def per_s(self) -> float:
@@ -193,7 +196,8 @@ class Rig:
             raise SystemExit(f"{len(done)} of {len(paths)} photos finished")
         redis.Redis.from_url(REDIS_URL).delete(f"{{{stream}}}:photos", f"{{{stream}}}:dead")
         return Run(len(paths), done[-1] - done[0], wall, (_children_cpu_s() - before) * 1000,
-                   sampler.samples if sampler else [], done)  # fmt: skip
+                   sampler.samples if sampler else [], done,
+                   sampler.peak if sampler else (0, []))  # fmt: skip
 
     def _worker(self, stream: str, i: int, profile: Path | None, extra: dict[str, str]) -> Any:
         prefix = ["-m", "cProfile", "-o", str(profile)] if profile else []
@@ -221,12 +225,13 @@ def _children_cpu_s() -> float:
 
 def _reap_orphans() -> None:
     """As a child subreaper this process inherits the forkserver and any render process left
-    when a worker exits: wait for them so their CPU time is counted too."""
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
+    when a worker exits: wait for them so their CPU time is counted too. multiprocessing's
+    resource tracker (bare.py's process pools start one) lives as long as this process."""
+    me, tracker = os.getpid(), resource_tracker._resource_tracker._pid
+    while kids := [p for p, parent in _parents().items() if parent == me and p != tracker]:
+        for pid in kids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 class Sampler:
@@ -235,6 +240,7 @@ class Sampler:
     def __init__(self, roots: list[int]) -> None:
         self.roots = roots
         self.samples: list[tuple[float, int, int, int, int]] = []
+        self.peak: tuple[int, list[int]] = (0, [])
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -249,18 +255,16 @@ class Sampler:
             workers = sum(_kb(p, "status", "VmRSS") for p in self.roots)
             children = [p for p in tree if p not in self.roots]
             rss = sum(_kb(p, "status", "VmRSS") for p in children)
-            pss = sum(_kb(p, "smaps_rollup", "Pss") for p in tree)
+            each = {p: _kb(p, "smaps_rollup", "Pss") for p in tree}
+            pss = sum(each.values())
+            if pss > sum(self.peak[1]) + self.peak[0]:
+                others = sorted((k for p, k in each.items() if p not in self.roots), reverse=True)
+                self.peak = (sum(each[p] for p in self.roots), others)
             self.samples.append((time.time(), workers, rss, pss, len(children)))
 
 
 def _descendants(roots: list[int]) -> list[int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                parents[int(entry.name)] = int(
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                )
+    parents = _parents()
     found, frontier = set(roots), list(roots)
     while frontier:
         parent = frontier.pop()
@@ -268,6 +272,18 @@ def _descendants(roots: list[int]) -> list[int]:
         found.update(kids)
         frontier.extend(kids)
     return sorted(found)
+
+
+def _parents() -> dict[int, int]:
+    """Every process's parent, by process id."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+    return parents
 
 
 def _kb(pid: int, name: str, field_name: str) -> int:
@@ -369,6 +385,9 @@ def memory(rig: Rig, tmp: Path, count: int, graph: Path) -> str:
         f"twice) | {peak_rss:.0f} |\n"
         f"| peak PSS, worker + render processes + forkserver (shared pages split) | "
         f"{peak_pss:.0f} |\n"
+        f"| at the peak: the worker's PSS; each other process's (forkserver, resource tracker, "
+        f"render processes), largest first | {run.peak_split[0] / 1024:.0f}; "
+        f"{', '.join(f'{k / 1024:.0f}' for k in run.peak_split[1])} |\n"
         f"| steady PSS after warm-up (median, photos 10–20 %) | {_avg(warm):.0f} |\n"
         f"| steady PSS at the end (median, photos 90–100 %) | {_avg(late):.0f} |\n\n"
         f"Growth from warm-up to the end: **{growth:+.1%}**. Graph: [{graph.name}]({graph.name}).\n"
