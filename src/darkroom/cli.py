@@ -26,6 +26,7 @@ from darkroom.errors import DarkroomError, SettingsError, first_error
 from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
 from darkroom.image.cost import cost_of
+from darkroom.image.renderer import isolated
 from darkroom.operate import events as events_command
 from darkroom.operate import gc, history, ops, web
 from darkroom.operate.progress import Progress
@@ -152,7 +153,9 @@ def _limit_arenas() -> None:
 
 async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     _limit_arenas()
-    failed = selfcheck.failures(selfcheck.run(settings.renditions))
+    # in a child: the worker keeps none of the decoders and memory the samples brought in
+    checks = await anyio.to_thread.run_sync(isolated, selfcheck.run, settings.renditions)
+    failed = selfcheck.failures(checks)
     if failed:
         names = ", ".join(f"{c.name} ({c.detail})" for c in failed)
         print(f"darkroom: self-check failed, not starting: {names}", file=sys.stderr)
