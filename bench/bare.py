@@ -52,7 +52,9 @@ class Layout:
 
     def __str__(self) -> str:
         vips = "default" if self.vips == 0 else str(self.vips)
-        return f"{self.processes} process × {self.threads} threads, vips concurrency {vips}"
+        processes = f"{self.processes} process{'es' * (self.processes > 1)}"
+        threads = f"{self.threads} thread{'s' * (self.threads > 1)}"
+        return f"{processes} × {threads}, vips concurrency {vips}"
 
 
 LAYOUTS = (

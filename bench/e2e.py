@@ -458,7 +458,10 @@ def main() -> None:
         f"- {head}",
         "- real `darkroom run --drain` workers (default settings unless said), local Redis and "
         "PostgreSQL, local-folder storage; photos/s counts from the first to the last finished "
-        "photo; render-only loops run in this process on the same files", "",
+        "photo; render-only loops run in this process on the same files",
+        "- each workload: the bare loop's layouts once each (bench/bare.py), then "
+        f"{ROUNDS} rounds of a darkroom drain and the best layout back to back; photos/s "
+        "are medians, the ratio the median of the rounds' own ratios (all in brackets)", "",
         table, "",
         "### Fixed cost per photo", "",
         "All CPU time (user + system) of the worker, its forkserver and its render processes "
