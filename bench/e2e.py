@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import ctypes
 import datetime as dt
+import functools
 import io
 import json
 import os
@@ -33,9 +34,11 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
+import bare
 import pyvips
 import redis
 from pillow import pillow_render
@@ -132,6 +135,8 @@ class Run:
     cpu_ms: float  # worker + render processes + forkserver
     samples: list[tuple[float, int, int, int, int]] = field(default_factory=list)
     done_at: list[float] = field(default_factory=list)
+    # PSS in kB at the sample of the highest total: the workers', then each other process's
+    peak_split: tuple[int, list[int]] = (0, [])
 
     @property
     def per_s(self) -> float:
@@ -191,7 +196,8 @@ class Rig:
             raise SystemExit(f"{len(done)} of {len(paths)} photos finished")
         redis.Redis.from_url(REDIS_URL).delete(f"{{{stream}}}:photos", f"{{{stream}}}:dead")
         return Run(len(paths), done[-1] - done[0], wall, (_children_cpu_s() - before) * 1000,
-                   sampler.samples if sampler else [], done)  # fmt: skip
+                   sampler.samples if sampler else [], done,
+                   sampler.peak if sampler else (0, []))  # fmt: skip
 
     def _worker(self, stream: str, i: int, profile: Path | None, extra: dict[str, str]) -> Any:
         prefix = ["-m", "cProfile", "-o", str(profile)] if profile else []
@@ -219,12 +225,13 @@ def _children_cpu_s() -> float:
 
 def _reap_orphans() -> None:
     """As a child subreaper this process inherits the forkserver and any render process left
-    when a worker exits: wait for them so their CPU time is counted too."""
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
+    when a worker exits: wait for them so their CPU time is counted too. multiprocessing's
+    resource tracker (bare.py's process pools start one) lives as long as this process."""
+    me, tracker = os.getpid(), resource_tracker._resource_tracker._pid
+    while kids := [p for p, parent in _parents().items() if parent == me and p != tracker]:
+        for pid in kids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 class Sampler:
@@ -233,6 +240,7 @@ class Sampler:
     def __init__(self, roots: list[int]) -> None:
         self.roots = roots
         self.samples: list[tuple[float, int, int, int, int]] = []
+        self.peak: tuple[int, list[int]] = (0, [])
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -247,18 +255,16 @@ class Sampler:
             workers = sum(_kb(p, "status", "VmRSS") for p in self.roots)
             children = [p for p in tree if p not in self.roots]
             rss = sum(_kb(p, "status", "VmRSS") for p in children)
-            pss = sum(_kb(p, "smaps_rollup", "Pss") for p in tree)
+            each = {p: _kb(p, "smaps_rollup", "Pss") for p in tree}
+            pss = sum(each.values())
+            if pss > sum(self.peak[1]) + self.peak[0]:
+                others = sorted((k for p, k in each.items() if p not in self.roots), reverse=True)
+                self.peak = (sum(each[p] for p in self.roots), others)
             self.samples.append((time.time(), workers, rss, pss, len(children)))
 
 
 def _descendants(roots: list[int]) -> list[int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                parents[int(entry.name)] = int(
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                )
+    parents = _parents()
     found, frontier = set(roots), list(roots)
     while frontier:
         parent = frontier.pop()
@@ -266,6 +272,18 @@ def _descendants(roots: list[int]) -> list[int]:
         found.update(kids)
         frontier.extend(kids)
     return sorted(found)
+
+
+def _parents() -> dict[int, int]:
+    """Every process's parent, by process id."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+    return parents
 
 
 def _kb(pid: int, name: str, field_name: str) -> int:
@@ -279,25 +297,46 @@ def _kb(pid: int, name: str, field_name: str) -> int:
 # -- the report ---------------------------------------------------------------------------------
 
 
+# Rounds per workload, darkroom then the bare loop back to back (see bare.versus).
+ROUNDS = 3
+
+
 def throughput_table(rig: Rig, tmp: Path) -> tuple[str, dict[str, Any]]:
-    rows, facts = [], {}
-    for name, paths in (("24 large camera JPEGs (8–12 MP)", large_jpegs()),
-                        ("300 tiny PNGs (64×48)", tiny_pngs(tmp / "tiny", 300))):  # fmt: skip
-        e2e = rig.drain(paths)
-        vips = render_only(paths)
-        pil = pillow_only(paths)
-        rows.append(f"| {name} | {e2e.per_s:.2f} | {vips:.2f} | {e2e.per_s / vips:.2f}× "
-                    f"| {pil:.2f} | {vips / pil:.2f}× |")  # fmt: skip
-        facts[name] = (e2e, vips, pil, paths)
-        print(f"  {name}: e2e {e2e.per_s:.2f}, render-only {vips:.2f}, Pillow {pil:.2f}",
-              file=sys.stderr)  # fmt: skip
+    rows, layouts, facts = [], [], {}
+    workloads = (("24 large camera JPEGs (8–12 MP)", large_jpegs(), 1),
+                 ("300 tiny PNGs (64×48)", tiny_pngs(tmp / "tiny", 300), 4))  # fmt: skip
+    for name, paths, passes in workloads:
+        runs: list[Run] = []
+        drain = functools.partial(_drained, rig, paths, runs)
+        against = bare.versus(drain, paths, passes, ROUNDS)
+        e2e, loop = _median(against.darkroom), _median(against.bare)
+        vips, pil = render_only(paths), pillow_only(paths)
+        spread = "–".join(f"{r:.2f}" for r in sorted(against.ratios))
+        rows.append(f"| {name} | {e2e:.2f} | {loop:.2f} | **{_median(against.ratios):.2f}×** "
+                    f"({spread}) | {vips:.2f} | {e2e / vips:.2f}× | {pil:.2f} |")  # fmt: skip
+        layouts += [f"| {name} | {layout}{' (best)' * (layout == against.layout)} | {r:.1f} |"
+                    for layout, r in against.layouts.items()]  # fmt: skip
+        facts[name] = (sorted(runs, key=lambda r: r.per_s)[len(runs) // 2], vips, pil, paths)
+        print(f"  {name}: e2e {e2e:.2f}, bare {loop:.2f} ({against.layout}), ratios {spread}, "
+              f"render-only {vips:.2f}, Pillow {pil:.2f}", file=sys.stderr)  # fmt: skip
     head = [
-        f"| workload | darkroom end to end (photos/s) | render-only darkroom pipeline "
-        f"({CORES} threads) | end to end ÷ render-only | render-only Pillow, "
-        f"colour-managed ({CORES} threads) | pipeline ÷ Pillow |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| workload | darkroom end to end (photos/s) | bare pyvips loop, best layout "
+        "(photos/s) | darkroom ÷ bare (each round) | render-only darkroom pipeline "
+        f"({CORES} threads) | end to end ÷ render-only | render-only Pillow, colour-managed "
+        f"({CORES} threads) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    return "\n".join(head + rows), facts
+    tried = ["| workload | bare loop layout | photos/s |", "|---|---|---:|"]
+    return "\n".join([*head, *rows, "", *tried, *layouts]), facts
+
+
+def _drained(rig: Rig, paths: list[Path], runs: list[Run]) -> float:
+    runs.append(rig.drain(paths))
+    return runs[-1].per_s
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
 
 
 def fixed_cost(facts: dict[str, Any]) -> str:
@@ -346,6 +385,9 @@ def memory(rig: Rig, tmp: Path, count: int, graph: Path) -> str:
         f"twice) | {peak_rss:.0f} |\n"
         f"| peak PSS, worker + render processes + forkserver (shared pages split) | "
         f"{peak_pss:.0f} |\n"
+        f"| at the peak: the worker's PSS; each other process's (forkserver, resource tracker, "
+        f"render processes), largest first | {run.peak_split[0] / 1024:.0f}; "
+        f"{', '.join(f'{k / 1024:.0f}' for k in run.peak_split[1])} |\n"
         f"| steady PSS after warm-up (median, photos 10–20 %) | {_avg(warm):.0f} |\n"
         f"| steady PSS at the end (median, photos 90–100 %) | {_avg(late):.0f} |\n\n"
         f"Growth from warm-up to the end: **{growth:+.1%}**. Graph: [{graph.name}]({graph.name}).\n"
@@ -416,7 +458,10 @@ def main() -> None:
         f"- {head}",
         "- real `darkroom run --drain` workers (default settings unless said), local Redis and "
         "PostgreSQL, local-folder storage; photos/s counts from the first to the last finished "
-        "photo; render-only loops run in this process on the same files", "",
+        "photo; render-only loops run in this process on the same files",
+        "- each workload: the bare loop's layouts once each (bench/bare.py), then "
+        f"{ROUNDS} rounds of a darkroom drain and the best layout back to back; photos/s "
+        "are medians, the ratio the median of the rounds' own ratios (all in brackets)", "",
         table, "",
         "### Fixed cost per photo", "",
         "All CPU time (user + system) of the worker, its forkserver and its render processes "

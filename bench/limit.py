@@ -32,32 +32,16 @@ from typing import Any
 import capacity
 import e2e
 import pyvips
-from e2e import CORES, PR_SET_CHILD_SUBREAPER, SPECS, Rig, large_jpegs, tiny_pngs
+from bare import bare_render
+from e2e import CORES, PR_SET_CHILD_SUBREAPER, Rig, large_jpegs, tiny_pngs
 from report import ROOT, machine, write_section
 
 import darkroom
 
-ORDERED = sorted(SPECS, key=lambda s: s.size, reverse=True)
 SHARP = ROOT / "bench" / "sharp"
 DATABASE = "darkroom_limit"  # not capacity.py's: a capacity run beside this one would share it
 Costs = dict[str, float]
 Sharp = dict[str, Any] | None  # render.mjs's JSON: per_s, rounds, in_flight, versions
-
-
-def bare_render(data: bytes) -> int:
-    """The renditions' total bytes: decode once, cascade, encode as pipeline.py does."""
-    image = pyvips.Image.thumbnail_buffer(data, ORDERED[0].size, height=ORDERED[0].size,
-                                          size="down").copy_memory()  # fmt: skip
-    total = 0
-    for spec in ORDERED:
-        if max(image.width, image.height) > spec.size:
-            image = image.thumbnail_image(spec.size, height=spec.size, size="down").copy_memory()
-        if spec.format == "webp":
-            total += len(image.webpsave_buffer(Q=spec.quality, effort=2, keep=0))
-        else:
-            total += len(image.jpegsave_buffer(Q=spec.quality, interlace=True,
-                                               optimize_coding=True, keep=0))  # fmt: skip
-    return total
 
 
 def bare_loop(paths: list[Path]) -> float:

@@ -336,16 +336,24 @@ def test_check_prints_a_table(file_env: Env) -> None:
         assert any(line.startswith(name) and " ok " in line for line in lines), name
 
 
-BLOCKED_RUN = """
-import sys, pyvips
+# The self-check runs where renders run, in a child of the render processes' forkserver:
+# a module the forkserver preloads after the pipeline takes the loader away there.
+NO_WEBP = """
+import pyvips
 from darkroom.image import pipeline  # configures libvips, then a loader goes missing
 pyvips.operation_block_set("VipsForeignLoadWebp", True)
+"""
+BLOCKED_RUN = """
+import sys
+from darkroom.image import renderer
+renderer._forkserver().set_forkserver_preload(["darkroom.image.renderproc", "no_webp"])
 from darkroom.cli import main
 sys.exit(main(["run", "--drain"]))
 """
 
 
 def test_run_refuses_to_start_when_a_loader_is_missing(file_env: Env) -> None:
+    (file_env.tmp / "no_webp.py").write_text(NO_WEBP)
     result = subprocess.run(
         [sys.executable, "-c", BLOCKED_RUN],
         env=file_env.environ(),

@@ -79,6 +79,23 @@ def _start(process: Any) -> None:
             spawn.get_preparation_data = original
 
 
+def isolated(function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args)` in a child of the forkserver, for one-off libvips work whose decoders
+    and freed memory the caller should not keep (the start-up self-check); raises
+    RenderCrashedError if the child died first."""
+    ours, theirs = _forkserver().Pipe(duplex=False)
+    process = _forkserver().Process(target=renderproc.call, args=(theirs, function, args))
+    _start(process)
+    theirs.close()
+    try:
+        with ours:
+            return ours.recv()
+    except EOFError:
+        raise RenderCrashedError("isolated process died") from None
+    finally:
+        process.join()
+
+
 def vips_threads_for(slots: int) -> int:
     """libvips threads per render process, so processes × threads fits the usable cores."""
     return max(1, len(os.sched_getaffinity(0)) // slots)

@@ -13,6 +13,7 @@ import ctypes
 import os
 import resource
 import signal
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -67,6 +68,12 @@ def serve(conn: Connection, memory_mb: int, keep_mb: int, vips_threads: int, nic
                 return  # the pipe may be out of step after a failed allocation: retire
             del reply, value  # not the next photo's memory, nor the idle trim's
             peak_mb = _status_mb("VmPeak")  # the next photo's "before", its reply sent
+
+
+def call(conn: Connection, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Run one function in this fresh process and send back what it returned."""
+    with conn:
+        conn.send(function(*args))
 
 
 Served = tuple[str, Any, dict[str, int]]
