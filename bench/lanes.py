@@ -36,6 +36,7 @@ import msgspec
 import pyvips
 import redis.asyncio as aioredis
 import structlog
+from lanes_feed import feed_photos, feed_table, measure
 from report import ROOT, corpus, machine, write_section
 
 from darkroom import metrics
@@ -49,7 +50,9 @@ from darkroom.store.storage import FileStorage
 from darkroom.worker import Worker
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
-DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/darkroom_bench_lanes"
+# Another name lets two benches run side by side without dropping each other's database.
+DATABASE = os.environ.get("DARKROOM_BENCH_DATABASE", "darkroom_bench_lanes")
+DATABASE_URL = f"postgresql://postgres@127.0.0.1:5432/{DATABASE}"
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 CHUNK = 5_000
 ROWS_SQL = """
@@ -87,6 +90,7 @@ class Rig:
     pool: db.Pool
     client: aioredis.Redis
     runs: int = 0
+    database_url: str = DATABASE_URL
 
     def settings(self, tag: str, **extra: object) -> Settings:
         base = Settings(concurrency=2, stream=f"{{{tag}}}:photos", database_url=DATABASE_URL,
@@ -109,7 +113,7 @@ class Rig:
         await self.pool.close()
         await self.client.aclose()
         admin = await asyncpg.connect(ADMIN_URL)
-        await admin.execute("DROP DATABASE IF EXISTS darkroom_bench_lanes")
+        await admin.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
         await admin.close()
 
 
@@ -118,7 +122,7 @@ Bulk = Callable[[Rig, Streams], Awaitable[None]]
 
 async def lanes_rig(tmp: Path) -> Rig:
     admin = await asyncpg.connect(ADMIN_URL)
-    await admin.execute("DROP DATABASE IF EXISTS darkroom_bench_lanes")
+    await admin.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
     await admin.close()
     await db.migrate(DATABASE_URL)
     client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
@@ -289,6 +293,7 @@ class LaneFigures:
     synthetic_waits: list[float] = field(default_factory=list)
     synthetic_load_s: float = 0.0
     floor: dict[str, float] = field(default_factory=dict)
+    feed: str = ""
 
     def row(self, name: str, waits: list[float]) -> str:
         p50, p99, idle = pct(waits, 0.5), pct(waits, 0.99), pct(self.idle, 0.99)
@@ -354,13 +359,16 @@ async def lanes_main(args: argparse.Namespace) -> str:
             waits = await lanes_uploads(rig, upload_key, bulk, args.uploads, f.gap_s, **extra)
             return waits.by_lane["interactive"]
 
-        f.idle = await uploads(None)
-        f.backlog_waits = await uploads(real)
-        f.unreserved_waits = await uploads(real, interactive_slots=0)
-        f.synthetic_waits = await uploads(synthetic)
-        f.floor = await lanes_floor(rig, tiny_key, args.floor_seconds)
+        made = await feed_photos(rig, rig.tmp / "tiny.png", photos)
+        f.feed = feed_table(await measure(rig, made, args.feed_seconds))
+        if not args.only_feed:
+            f.idle = await uploads(None)
+            f.backlog_waits = await uploads(real)
+            f.unreserved_waits = await uploads(real, interactive_slots=0)
+            f.synthetic_waits = await uploads(synthetic)
+            f.floor = await lanes_floor(rig, tiny_key, args.floor_seconds)
         await rig.close()
-    return lanes_section(f)
+    return f.feed if args.only_feed else lanes_section(f)
 
 
 def main() -> None:
@@ -372,6 +380,8 @@ def main() -> None:
     parser.add_argument("--synthetic", type=int, default=300_000)
     parser.add_argument("--uploads", type=int, default=20)
     parser.add_argument("--floor-seconds", type=float, default=20.0)
+    parser.add_argument("--feed-seconds", type=float, default=6.0)
+    parser.add_argument("--only-feed", action="store_true", help="the feeding half alone")
     args = parser.parse_args()
     section = asyncio.run(lanes_main(args))
     print(section)

@@ -197,11 +197,12 @@ class Worker:
             self._next_reclaim = self.clock.now() + RECLAIM_EVERY_S
             if self.in_flight.free() == 0:
                 return False
-        entries = await self._read_new(drain)
+        entries = await self._read_new(drain, jobs)
         await self._dispatch(jobs, entries, fresh=True)
+        await self._say_taken(entries)
         return drain and not entries and await self._drained()
 
-    async def _read_new(self, drain: bool) -> list[Entry]:
+    async def _read_new(self, drain: bool, jobs: TaskGroup | None = None) -> list[Entry]:
         """Interactive first, up to its room, then bulk into the regular places left, both
         at once; only when both came back empty, one read blocking on both (an interactive
         entry is picked up as it arrives). Below its floor, bulk's backlog is looked at
@@ -212,9 +213,50 @@ class Worker:
         bulk = await self._read_lane("bulk", self._room("bulk", len(interactive)))
         if interactive or bulk:
             return interactive + bulk
-        lanes = admission.blocking_reads(self.places, *self._held()).lanes()
+        reads = admission.blocking_reads(self.places, *self._held())
         block_ms = REFILL_BLOCK_MS if self._bulk_waiting else self._block_ms(drain)
-        return await self.streams.read_lanes(lanes, block_ms) if lanes else []
+        if jobs is not None and not reads.bulk and self.in_flight.held("bulk"):
+            return await self._block_refilling_bulk(jobs, reads, block_ms)
+        return await self.streams.read_lanes(reads.lanes(), block_ms) if reads.lanes() else []
+
+    async def _block_refilling_bulk(
+        self, jobs: TaskGroup, reads: admission.Reads, block_ms: int
+    ) -> list[Entry]:
+        """The blocking read waits for interactive alone (bulk had no room): a bulk place
+        freed meanwhile is refilled at once beside it, on another connection, not after
+        the block (its place stays counted for the read's interactive entry)."""
+        async with anyio.create_task_group() as beside:
+            beside.start_soon(self._refill_bulk, jobs, reads.interactive)
+            entries = await self.streams.read_lanes(reads.lanes(), block_ms)
+            beside.cancel_scope.cancel()
+        return entries
+
+    async def _refill_bulk(self, jobs: TaskGroup, reading: int) -> None:
+        """On each place freed: bulk's room beside `reading` interactive entries on their
+        way, read at once (shielded: a read in flight is never cancelled)."""
+        while not self.stopping.is_set() and self.gate.is_open():
+            changed = self._changed
+            interactive, bulk = self._held()
+            room = admission.bulk_room(self.places, interactive + reading, bulk)
+            if room:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        entries = await self._read_lane("bulk", room)
+                    except DarkroomError:
+                        return  # the intake's own next read meets the failure
+                    await self._dispatch(jobs, entries, fresh=True)
+                    await self._say_taken(entries)
+                if not entries:
+                    return  # bulk ran dry: the next blocking read covers it
+            await changed.wait()
+
+    async def _say_taken(self, entries: list[Entry]) -> None:
+        """Bulk entries taken: the feeder tops the bulk stream up now, not on its next
+        poll (which remains, should this word be lost)."""
+        taken = sum(1 for entry in entries if entry.lane == "bulk")
+        if taken:
+            with contextlib.suppress(DarkroomError):
+                await self.streams.for_lane("bulk").say_taken(taken)
 
     def _look_at_bulk(self) -> bool:
         due = self._bulk_waiting or self._bulk_turns % BULK_LOOK_EVERY == 0

@@ -49,7 +49,7 @@ def _flat(fields: dict[str, str]) -> list[str]:
 # Entries are untrusted bytes: these reads answer raw, undecoded RESP (NEVER_DECODE, and
 # no redis-py callback, whose dict would hide a repeated field), parsed by `_entries`.
 # Decoding a reply is then never the part that fails, whatever a producer sent.
-RAW_READS = ("XREADGROUP", "XAUTOCLAIM", "XCLAIM", "XRANGE")
+RAW_READS = ("XREADGROUP", "XAUTOCLAIM", "XCLAIM", "XRANGE", "XREAD")
 
 
 def _raw(response: Any, **options: Any) -> Any:
@@ -126,6 +126,43 @@ class Streams:
     @translated
     async def enqueue(self, fields: dict[str, str]) -> str:
         return str(await self.client.xadd(self.stream, fields))  # type: ignore[arg-type]
+
+    @translated
+    async def enqueue_many(self, batch: Sequence[dict[str, str]]) -> list[str]:
+        """The entries in order, pipelined (one round trip); their ids."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for fields in batch:
+                pipe.xadd(self.stream, fields)  # type: ignore[arg-type]
+            return [str(entry_id) for entry_id in await pipe.execute()]
+
+    @property
+    def taken_key(self) -> str:
+        """Where readers of this lane say they took entries (the stream's hash tag kept)."""
+        return f"{self.stream}:taken"
+
+    @translated
+    async def say_taken(self, count: int) -> None:
+        """Entries of this lane were taken: the feeder tops the lane up at once. One small
+        entry, the last one only (nobody reads the history)."""
+        await self.client.xadd(self.taken_key, {"n": count}, maxlen=1, approximate=False)
+
+    @translated
+    async def wait_taken(self, after: str, block_ms: int) -> str:
+        """Block until entries are said taken after the signal `after` ('$': from now);
+        the last signal's id, or `after` if none came within `block_ms`."""
+        reply = await self._read("XREAD", "COUNT", 1, "BLOCK", block_ms,
+                                 "STREAMS", self.taken_key, after)  # fmt: skip
+        ids = [_text(i) for _, raw in _by_stream(reply) for i, _ in raw or []]
+        return ids[-1] if ids else after
+
+    @translated
+    async def live_consumers(self, idle_ms: int) -> int:
+        """Consumers of this lane's group seen (a read, a claim, a heartbeat) within
+        `idle_ms`; none while the group is gone."""
+        with _group_may_be_gone():
+            rows = await self.client.xinfo_consumers(self.stream, self.group)
+            return sum(1 for row in rows if int(row["idle"]) < idle_ms)
+        return 0
 
     @translated
     async def read_new(self, count: int, block_ms: int | None) -> list[Entry]:
