@@ -26,6 +26,7 @@ import pyvips
 import redis.asyncio as aioredis
 
 from darkroom import metrics
+from darkroom.image import renderer
 from darkroom.queue.messages import task_fields
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
@@ -100,6 +101,7 @@ class Run:
     single_bulk_slots: float = 0.0  # the single lane without the reserved slot
     bulk: float = 0.0
     first_s: float = float("nan")
+    first_start_s: float = float("nan")
     upload_max_s: float = float("nan")
     shares: dict[str, int] = field(default_factory=dict)
 
@@ -198,6 +200,7 @@ async def bulk_lane(rig: Rig, photo: Photo, workers: int, seconds: float, run: R
         await add_rows(rig, photo, "bulk", tenant, per_share * share)
     starts, started, db_start = await run_workers(rig, tag, workers, seconds, photo)
     run.bulk = starts.rate("bulk", started, seconds)
+    run.first_start_s = min(starts.at["bulk"], default=float("nan")) - started
     run.upload_max_s = max(starts.waits, default=float("nan"))
     first = await rig.pool.fetchval(
         "SELECT extract(epoch FROM min(updated_at)) FROM photos"
@@ -213,6 +216,18 @@ async def bulk_lane(rig: Rig, photo: Photo, workers: int, seconds: float, run: R
 
 
 async def measure(rig: Rig, made: list[Photo], seconds: float) -> dict[tuple[str, int], Run]:
+    """Every run with the regular slots' processes at nice 0: on a machine shared with
+    other work, a nice +5 process (the regular slots' beside a reserved one) loses CPU to
+    it, and the single lane without a reserved slot would run un-niced: the comparison
+    would measure the niceness, not the feeding."""
+    renderer.REGULAR_NICE, nice = 0, renderer.REGULAR_NICE
+    try:
+        return await measure_all(rig, made, seconds)
+    finally:
+        renderer.REGULAR_NICE = nice
+
+
+async def measure_all(rig: Rig, made: list[Photo], seconds: float) -> dict[tuple[str, int], Run]:
     runs = {}
     for photo in made:
         for workers in (1, 3):
@@ -230,7 +245,7 @@ def feed_table(runs: dict[tuple[str, int], Run]) -> str:
     lines = [
         "| photos | workers | single lane (photos/s) | single lane, bulk's slots (photos/s) "
         "| bulk lane (photos/s) | bulk / single | bulk / single, same slots "
-        "| first bulk photo done (s) | upload wait max (s) | bulk done by tenant |",
+        "| first bulk photo started, done (s) | upload wait max (s) | bulk done by tenant |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (name, workers), r in runs.items():
@@ -238,6 +253,7 @@ def feed_table(runs: dict[tuple[str, int], Run]) -> str:
         same = r.bulk / r.single_bulk_slots if r.single_bulk_slots else float("nan")
         shares = " / ".join(str(r.shares.get(t, 0)) for t, _ in TENANTS)
         lines.append(f"| {name} | {workers} | {r.single:.1f} | {r.single_bulk_slots:.1f} "
-                     f"| {r.bulk:.1f} | {ratio:.2f} × | {same:.2f} × | {r.first_s:.2f} "
+                     f"| {r.bulk:.1f} | {ratio:.2f} × | {same:.2f} × "
+                     f"| {r.first_start_s:.2f}, {r.first_s:.2f} "
                      f"| {r.upload_max_s:.2f} | {shares} |")  # fmt: skip
     return "\n".join(lines)

@@ -1,15 +1,17 @@
 """The feeder: puts rows with `enqueued_at IS NULL` into their lane's stream. Interactive
 rows (PostgreSQL-only producers) go to DARKROOM_STREAM once their producer's own XADD had
 INTAKE_GRACE_MS to be claimed; bulk rows go to the bulk stream in the scheduler's fair
-order, never more than DARKROOM_BULK_AHEAD undelivered. One feeder at a time across all
-workers: the holder of the feeder's leased duty (duty.py), which LISTENs on darkroom_intake
-on a dedicated connection while it holds it.
+order, as a standing reserve of undelivered entries (DARKROOM_BULK_AHEAD, or every live
+worker's regular places) topped up in batches as soon as a worker says it took entries.
+One feeder at a time across all workers: the holder of the feeder's leased duty (duty.py),
+which LISTENs on darkroom_intake on a dedicated connection while it holds it.
 
-Ordering hazards: the job row before the XADD (a claim must find it to lock), written under
-the duty's fence: a feeder that lost its lease learns it there and XADDs nothing; the XADD
-before the row is marked fed: a feeder that dies in between leaves a duplicate entry
-(harmless: its claim answers `busy` or `already`), never a lost photo. The mark is not
-fenced: it records an XADD that happened, and refusing it would only feed the photo twice.
+Ordering hazards, for each batch: the job rows before the XADDs (a claim must find them to
+lock), written under the duty's fence: a feeder that lost its lease learns it there and
+XADDs nothing; the XADDs before the rows are marked fed: a feeder that dies in between
+leaves duplicate entries (harmless: their claims answer `busy` or `already`), never a lost
+photo. The mark is not fenced: it records XADDs that happened, and refusing it would only
+feed the photos twice.
 """
 
 from __future__ import annotations

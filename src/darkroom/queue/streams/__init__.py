@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from redis import exceptions as rx
@@ -22,24 +22,16 @@ from redis.client import NEVER_DECODE
 from darkroom.queue.messages import Entry, received
 from darkroom.queue.streams import scripts
 from darkroom.queue.streams.connection import ERRORS, Client, connect, translated
+from darkroom.queue.streams.replies import (
+    LaneSignals,
+    _by_stream,
+    _group_may_be_gone,
+    _no_group,
+    _text,
+)
 
 # What callers import from here: the client and its error table live in connection.py.
 __all__ = ["ERRORS", "Client", "Streams", "connect", "translated"]
-
-
-def _no_group(exc: rx.ResponseError) -> bool:
-    """Redis lost the group (restarted empty): the entry is gone, Postgres will recover it."""
-    return str(exc).startswith("NOGROUP")
-
-
-@contextlib.contextmanager
-def _group_may_be_gone() -> Iterator[None]:
-    """Acting on an entry of a group Redis lost is a no-op, not an error."""
-    try:
-        yield
-    except rx.ResponseError as exc:
-        if not _no_group(exc):
-            raise
 
 
 def _flat(fields: dict[str, str]) -> list[str]:
@@ -56,24 +48,13 @@ def _raw(response: Any, **options: Any) -> Any:
     return response
 
 
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
 def _entries(raw: Iterable[Any] | None, lane: str = "interactive") -> list[Entry]:
     """Entries from a raw `[[id, [name, value, ...]], ...]`. An entry deleted while pending
     comes back without fields (`[id, nil]`) and is left out: its photo is the sweep's."""
     return [received(_text(i), fields, lane) for i, fields in raw or [] if fields is not None]
 
 
-def _by_stream(reply: Any) -> list[tuple[str, Any]]:
-    """XREADGROUP's reply as (stream, raw entries) pairs, RESP2 list or RESP3 map alike."""
-    if isinstance(reply, dict):  # RESP3 (redis-py 8's default): a map {stream: entries}
-        reply = list(reply.items())
-    return [(_text(stream), raw) for stream, raw in reply or []]
-
-
-class Streams:
+class Streams(LaneSignals):
     """One lane's work stream + consumer group + dead-letter stream, seen by one consumer;
     `for_lane` gives the view of another lane's stream (same client, group and consumer,
     its own XAUTOCLAIM cursor)."""
@@ -134,35 +115,6 @@ class Streams:
             for fields in batch:
                 pipe.xadd(self.stream, fields)  # type: ignore[arg-type]
             return [str(entry_id) for entry_id in await pipe.execute()]
-
-    @property
-    def taken_key(self) -> str:
-        """Where readers of this lane say they took entries (the stream's hash tag kept)."""
-        return f"{self.stream}:taken"
-
-    @translated
-    async def say_taken(self, count: int) -> None:
-        """Entries of this lane were taken: the feeder tops the lane up at once. One small
-        entry, the last one only (nobody reads the history)."""
-        await self.client.xadd(self.taken_key, {"n": count}, maxlen=1, approximate=False)
-
-    @translated
-    async def wait_taken(self, after: str, block_ms: int) -> str:
-        """Block until entries are said taken after the signal `after` ('$': from now);
-        the last signal's id, or `after` if none came within `block_ms`."""
-        reply = await self._read("XREAD", "COUNT", 1, "BLOCK", block_ms,
-                                 "STREAMS", self.taken_key, after)  # fmt: skip
-        ids = [_text(i) for _, raw in _by_stream(reply) for i, _ in raw or []]
-        return ids[-1] if ids else after
-
-    @translated
-    async def live_consumers(self, idle_ms: int) -> int:
-        """Consumers of this lane's group seen (a read, a claim, a heartbeat) within
-        `idle_ms`; none while the group is gone."""
-        with _group_may_be_gone():
-            rows = await self.client.xinfo_consumers(self.stream, self.group)
-            return sum(1 for row in rows if int(row["idle"]) < idle_ms)
-        return 0
 
     @translated
     async def read_new(self, count: int, block_ms: int | None) -> list[Entry]:
