@@ -208,13 +208,17 @@ class Feeder:
         metrics.BULK_TENANTS.set(len(self.scheduler))
 
     async def _feed_bulk(self, conn: intake.Connection) -> None:
-        """Top the bulk stream up to its reserve of undelivered entries, in fair order, a
-        batch at a time."""
+        """Top the bulk stream up to its reserve of undelivered entries, in fair order, in
+        batches, once half of it was taken: a worker's places wait for a slot as well, so
+        its render slots stay busy while the reserve is refilled."""
         self._bulk_due = False
         if not len(self.scheduler):
             return
-        room = await self._reserve_size() - await self.bulk.undelivered()
-        if room > 0 and self.settings.tenant_max_in_flight:
+        reserve = await self._reserve_size()
+        room = reserve - await self.bulk.undelivered()
+        if room < max(1, reserve // 2):
+            return  # half the reserve still waits: top up in batches, not photo by photo
+        if self.settings.tenant_max_in_flight:
             self.scheduler.settle(await intake.in_flight(conn))
         while room > 0 and (picked := await self._pick(conn, room)):
             batch = [(p.photo_id, {**task_fields(p.photo_id), "tenant": entry_tenant(p.tenant)})

@@ -206,6 +206,10 @@ class Worker(LaneReads):
             return False
         if await intake.has_unfed(self.pool, self.settings.pg_intake):
             return False
+        if self.sweep_duty.tenure is not None:
+            # The sweep loop is in a pass: this one would be skipped and count as nothing
+            # found, while that pass may be handing a lost photo back to the feeder.
+            return False
         try:
             swept = await self._sweep()
         except DarkroomError as exc:
