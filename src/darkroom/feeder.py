@@ -2,7 +2,7 @@
 rows (PostgreSQL-only producers) go to DARKROOM_STREAM once their producer's own XADD had
 INTAKE_GRACE_MS to be claimed; bulk rows go to the bulk stream in the scheduler's fair
 order, as a standing reserve of undelivered entries (DARKROOM_BULK_AHEAD, or every live
-worker's regular places) topped up in batches as soon as a worker says it took entries.
+worker's regular places) topped up in one batch once workers say they took half of it.
 One feeder at a time across all workers: the holder of the feeder's leased duty (duty.py),
 which LISTENs on darkroom_intake on a dedicated connection while it holds it.
 
@@ -40,8 +40,8 @@ log = structlog.get_logger("darkroom.feeder")
 INTAKE_GRACE_MS = 250
 CATCH_UP_S = 2.0  # interactive rows whose notification nobody heard
 TENANT_SCAN_S = 30.0  # bulk tenants whose notification nobody heard
-# Workers say when they take bulk entries (Streams.say_taken) and the feeder tops the
-# stream up at once; this poll is only the backstop for a word lost.
+# Workers say when they take bulk entries (Streams.say_taken) and the feeder looks at the
+# reserve at once; this poll is only the backstop for a word lost.
 BULK_POLL_S = 0.5
 TAKEN_BLOCK_MS = 1_000
 # The reserve (DARKROOM_BULK_AHEAD 0): the live bulk consumers are counted this often, and a
