@@ -56,9 +56,8 @@ HEAVY = "heavy"
 WINDOW_S = 60
 BIN_S = 10
 # in the bench's own database: pg_locks shows the feeder locks of every database
-FEEDER_LOCK = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'" \
-    " AND objid = hashtext('darkroom:feeder')::oid AND database =" \
-    " (SELECT oid FROM pg_database WHERE datname = current_database())"  # fmt: skip
+# The feeder's leased duty held by a live lease (duty.py).
+FEEDER_LOCK = "SELECT 1 FROM darkroom_duties WHERE name = 'feeder' AND expires_at > now()"
 
 
 def scheduler_cost(tenants: int = 10_000, picks: int = 50_000) -> tuple[float, float]:
