@@ -135,15 +135,16 @@ class Interleavings(RuleBasedStateMachine):
 
     async def _feed(self) -> int:
         """The feeder, between two reads of a worker: every bulk photo still to feed into
-        the bulk stream (DARKROOM_BULK_AHEAD is more than a schedule's photos)."""
+        the bulk stream (its reserve is more than a schedule's photos), one batch a tenant."""
         feeder, fed = Feeder(self.settings, self.rig.pool, self.op, anyio.Event(), "harness"), 0
         feeder._tenure = await self._feeder_tenure()
         async with self.rig.pool.acquire() as conn:
             for tenant in await intake.backlogged_tenants(conn, None, 10):
-                for row in await intake.backlog_page(conn, tenant, MAX_PHOTOS):
-                    fields = {**task_fields(row["id"]), "tenant": entry_tenant(tenant)}
-                    await feeder._enqueue(conn, feeder.bulk, row["id"], fields)
-                    fed += 1
+                rows = await intake.backlog_page(conn, tenant, MAX_PHOTOS)
+                batch = [(r["id"], {**task_fields(r["id"]), "tenant": entry_tenant(tenant)})
+                         for r in rows]  # fmt: skip
+                await feeder._enqueue(conn, feeder.bulk, batch)
+                fed += len(batch)
         return fed
 
     async def _feeder_tenure(self) -> Tenure:

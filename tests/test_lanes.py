@@ -244,7 +244,7 @@ async def test_an_idle_bulk_lane_is_looked_at_every_eighth_turn_not_every_turn(
     """Under sustained interactive load with no bulk work, the bulk backlog check (one round
     trip) runs on one intake turn in BULK_LOOK_EVERY; a backlog that appears meanwhile
     gets its floor at the next check."""
-    from darkroom import worker as worker_module
+    from darkroom import reads
 
     looks = 0
     undelivered = Streams.undelivered
@@ -255,7 +255,7 @@ async def test_an_idle_bulk_lane_is_looked_at_every_eighth_turn_not_every_turn(
         return await undelivered(self)
 
     monkeypatch.setattr(Streams, "undelivered", counted)
-    every = worker_module.BULK_LOOK_EVERY
+    every = reads.BULK_LOOK_EVERY
     await _backlog(worker.streams, "interactive", 6 * (every + 2))
     for _ in range(every):
         assert [e.lane for e in await worker._read_new(drain=False)] == ["interactive"] * 6
@@ -264,3 +264,54 @@ async def test_an_idle_bulk_lane_is_looked_at_every_eighth_turn_not_every_turn(
     entries = await worker._read_new(drain=False)
     assert looks == 2
     assert sorted(e.lane for e in entries) == ["bulk"] + ["interactive"] * 5
+
+
+class _Started:
+    """Stands in for the intake's task group: records the entries it is asked to start."""
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.some = anyio.Event()
+
+    def start_soon(self, func: object, entry: Entry, *args: object) -> None:
+        self.entries.append(entry)
+        self.some.set()
+
+
+async def _blocked_reads(client: redis.asyncio.Redis) -> int:
+    clients = await client.client_list()
+    return sum(1 for c in clients if c.get("cmd") == "xreadgroup" and "b" in c.get("flags", ""))
+
+
+async def test_a_bulk_place_freed_while_the_intake_blocks_on_interactive_is_refilled_at_once(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bulk holds every regular place and has more waiting; the intake blocks for an
+    interactive entry (a reserved place). A bulk place freed meanwhile is refilled while
+    that read still waits, not after it returns; the read then takes the interactive entry."""
+    from darkroom import reads
+
+    monkeypatch.setattr(reads, "REFILL_BLOCK_MS", 20_000)
+    await _backlog(worker.streams, "bulk", 10)
+    held = await worker._read_new(drain=False)
+    _hold(worker, held)
+    started, read = _Started(), list[Entry]()
+
+    async def intake() -> None:
+        read.extend(await worker._read_new(False, started))  # type: ignore[arg-type]
+
+    client = worker.streams.client
+    before = await _blocked_reads(client)
+    with anyio.fail_after(15):  # a hang guard
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(intake)
+            while await _blocked_reads(client) == before:  # noqa: ASYNC110 (in Redis)
+                await anyio.sleep(0.01)
+            worker.in_flight.release(held[0].id)
+            worker._notify()
+            await started.some.wait()
+            assert not read, "refilled while the blocking read still waits"
+            await _backlog(worker.streams, "interactive", 1)
+    assert [e.lane for e in started.entries] == ["bulk"]
+    assert [e.lane for e in read] == ["interactive"]
+    assert worker.in_flight.held("bulk") == 4

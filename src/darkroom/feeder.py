@@ -1,15 +1,18 @@
 """The feeder: puts rows with `enqueued_at IS NULL` into their lane's stream. Interactive
 rows (PostgreSQL-only producers) go to DARKROOM_STREAM once their producer's own XADD, had
 there been one, would have been claimed (the delivery horizon, queue/horizon.py); bulk rows
-go to the bulk stream in the scheduler's fair order, never more than DARKROOM_BULK_AHEAD
-undelivered. One feeder at a time across all workers: the holder of the feeder's leased
-duty (duty.py), which LISTENs on darkroom_intake on a dedicated connection while it holds it.
+go to the bulk stream in the scheduler's fair order, as a standing reserve of undelivered
+entries (DARKROOM_BULK_AHEAD, or every live worker's regular places) topped up in one batch
+once workers say they took half of it. One feeder at a time across all workers: the holder
+of the feeder's leased duty (duty.py), which LISTENs on darkroom_intake on a dedicated
+connection while it holds it.
 
-Ordering hazards: the job row before the XADD (a claim must find it to lock), written under
-the duty's fence: a feeder that lost its lease learns it there and XADDs nothing; the XADD
-before the row is marked fed: a feeder that dies in between leaves a duplicate entry
-(harmless: its claim answers `busy` or `already`), never a lost photo. The mark is not
-fenced: it records an XADD that happened, and refusing it would only feed the photo twice.
+Ordering hazards, for each batch: the job rows before the XADDs (a claim must find them to
+lock), written under the duty's fence: a feeder that lost its lease learns it there and
+XADDs nothing; the XADDs before the rows are marked fed: a feeder that dies in between
+leaves duplicate entries (harmless: their claims answer `busy` or `already`), never a lost
+photo. The mark is not fenced: it records XADDs that happened, and refusing it would only
+feed the photos twice.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import structlog
 
 from darkroom import metrics
 from darkroom.duty import Duty, Tenure
+from darkroom.errors import DarkroomError
 from darkroom.health import Clock, RealClock
 from darkroom.queue.horizon import Horizon, Mark
 from darkroom.queue.lanes import entry_tenant
 from darkroom.queue.messages import task_fields
-from darkroom.queue.scheduler import Pending, Refill, Scheduler
+from darkroom.queue.scheduler import Pending, Scheduler
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
 from darkroom.store import db, duties, intake
@@ -42,11 +46,20 @@ INTAKE_GRACE_MS = 250
 CLAIM_GRACE_MS = 250
 CATCH_UP_S = 2.0  # interactive rows whose notification nobody heard
 TENANT_SCAN_S = 30.0  # bulk tenants whose notification nobody heard
-BULK_POLL_S = 0.1  # how often the bulk stream's backlog is checked while tenants wait
+# Workers say when they take bulk entries (Streams.say_taken) and the feeder looks at the
+# reserve at once; this poll is only the backstop for a word lost.
+BULK_POLL_S = 0.5
+TAKEN_BLOCK_MS = 1_000
+# The reserve (DARKROOM_BULK_AHEAD 0): the live bulk consumers are counted this often, and a
+# consumer seen (a read, a claim, a heartbeat) within LIVE_CONSUMER_MS counts.
+RESERVE_EVERY_S = 2.0
+LIVE_CONSUMER_MS = 60_000
 PAGE = 500
 TENANT_PAGE = 1_000
 BACKLOG_PAGE = 8  # photos loaded per tenant at a time: the order is decided late
 MAX_NOTIFIED = 10_000  # beyond this, the tenant scan finds them
+
+Fields = dict[str, str]
 
 
 @dataclass
@@ -63,6 +76,9 @@ class Feeder:
     _tenure: Tenure | None = None  # this worker's holding of the duty, while it feeds
     horizon: Horizon = field(default_factory=lambda: Horizon(CLAIM_GRACE_MS / 1000))
     _notice: float | None = None  # the newest notification not yet behind the horizon
+    _bulk_due: bool = False  # a worker took bulk entries since the last top-up
+    _reserve: int = 0
+    _reserve_at: float = float("-inf")
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -88,9 +104,28 @@ class Feeder:
     async def _feed(self, tenure: Tenure) -> None:
         # A takeover knows nothing delivered yet; rows nobody heard about get a prompt look.
         self.horizon, self._notice = Horizon(CLAIM_GRACE_MS / 1000), self.clock.now()
-        async with intake.listening(self.settings.database_url, self._heard) as conn:
+        async with (
+            intake.listening(self.settings.database_url, self._heard) as conn,
+            anyio.create_task_group() as beside,
+        ):
+            beside.start_soon(self._watch_taken)
             log.info("feeding", pg_intake=self.settings.pg_intake, token=tenure.fence.token)
             await self._serve(conn, tenure)
+            beside.cancel_scope.cancel()
+
+    async def _watch_taken(self) -> None:
+        """Wake the feeding whenever a worker says it took bulk entries (a plain XREAD:
+        cancelling it loses nothing)."""
+        after = "$"
+        while True:
+            try:
+                seen = await self.bulk.wait_taken(after, TAKEN_BLOCK_MS)
+            except DarkroomError:
+                await anyio.sleep(BULK_POLL_S)  # the poll feeds meanwhile
+                continue
+            if seen != after:
+                after, self._bulk_due = seen, True
+                self._woken.set()
 
     def _heard(self, payload: str) -> None:
         """A committed insert: due after the grace (its producer may XADD it meanwhile)."""
@@ -125,7 +160,7 @@ class Feeder:
     async def _rest(self, next_catch_up: float) -> None:
         until = min(next_catch_up, self._due_at or next_catch_up)
         if len(self.scheduler):
-            until = min(until, self.clock.now() + BULK_POLL_S)
+            until = min(until, self.clock.now() + (0 if self._bulk_due else BULK_POLL_S))
         self._woken = anyio.Event()
         if self.stopping.is_set():
             return
@@ -143,14 +178,15 @@ class Feeder:
     # -- interactive: the PostgreSQL intake ---------------------------------------------
 
     async def _intake(self, conn: intake.Connection) -> None:
-        """Every interactive row due, a page at a time."""
+        """Every interactive row due, a page (one batch) at a time."""
         created_before = await self._created_before(conn)
         if created_before is None:
             return
         while rows := await intake.due_interactive(conn, created_before, PAGE):
+            batch = [(row["id"], task_fields(row["id"])) for row in rows]
+            if not await self._enqueue(conn, self.streams, batch):
+                return
             for row in rows:
-                if not await self._enqueue(conn, self.streams, row["id"], task_fields(row["id"])):
-                    return
                 metrics.INTAKE_LAG_SECONDS.observe(row["age_s"])
             metrics.FED.labels("interactive").inc(len(rows))
             log.info("enqueued rows nobody XADDed", count=len(rows))
@@ -181,19 +217,21 @@ class Feeder:
             self._due_at = usable if self._due_at is None else min(self._due_at, usable)
 
     async def _enqueue(
-        self, conn: intake.Connection, streams: Streams, photo_id: uuid.UUID, fields: dict[str, str]
+        self, conn: intake.Connection, streams: Streams, batch: list[tuple[uuid.UUID, Fields]]
     ) -> bool:
-        """Checked before each photo: locally (a process that was frozen stops here), then by
-        the fenced job row; False: the duty is lost (its work is being cancelled), no XADD."""
+        """Checked before each batch: locally (a process that was frozen stops here), then
+        by the fenced job rows; False: the duty is lost (its work is being cancelled), no
+        XADD. Then the batch's XADDs (one round trip) and their marks (one statement)."""
         tenure = self._tenure
         assert tenure is not None  # set by _serve, the only way here
         if not tenure.live():
             return False
-        if not await intake.prepare_jobs(conn, [photo_id], tenure.fence):
+        photo_ids = [photo_id for photo_id, _ in batch]
+        if not await intake.prepare_jobs(conn, photo_ids, tenure.fence):
             tenure.lose("write_refused")
             return False
-        entry_id = await streams.enqueue(fields)
-        await db.record_requeued(conn, photo_id, entry_id)  # sets enqueued_at
+        entry_ids = await streams.enqueue_many([fields for _, fields in batch])
+        await db.record_fed(conn, photo_ids, entry_ids)  # sets enqueued_at
         return True
 
     # -- bulk: fair feeding ---------------------------------------------------------------
@@ -207,30 +245,56 @@ class Feeder:
         metrics.BULK_TENANTS.set(len(self.scheduler))
 
     async def _feed_bulk(self, conn: intake.Connection) -> None:
-        """Top the bulk stream up to DARKROOM_BULK_AHEAD undelivered entries, in fair order."""
+        """Top the bulk stream up to its reserve of undelivered entries, in fair order, in
+        batches, once half of it was taken: a worker's places wait for a slot as well, so
+        its render slots stay busy while the reserve is refilled."""
+        self._bulk_due = False
         if not len(self.scheduler):
             return
-        room = self.settings.bulk_ahead - await self.bulk.undelivered()
-        if room <= 0:
-            return
+        reserve = await self._reserve_size()
+        room = reserve - await self.bulk.undelivered()
+        if room < max(1, reserve // 2):
+            return  # half the reserve still waits: top up in batches, not photo by photo
         if self.settings.tenant_max_in_flight:
             self.scheduler.settle(await intake.in_flight(conn))
-        for _ in range(room):
-            photo = await self._next_photo(conn)
-            if photo is None:
-                break
-            fields = {**task_fields(photo.photo_id), "tenant": entry_tenant(photo.tenant)}
-            if not await self._enqueue(conn, self.bulk, photo.photo_id, fields):
+        while room > 0 and (picked := await self._pick(conn, room)):
+            batch = [(p.photo_id, {**task_fields(p.photo_id), "tenant": entry_tenant(p.tenant)})
+                     for p in picked]  # fmt: skip
+            if not await self._enqueue(conn, self.bulk, batch):
                 return
-            metrics.FED.labels("bulk").inc()
+            metrics.FED.labels("bulk").inc(len(batch))
+            room -= len(batch)
         metrics.BULK_TENANTS.set(len(self.scheduler))
 
-    async def _next_photo(self, conn: intake.Connection) -> Pending | None:
-        """The scheduler's next photo, loading tenants' pages as it asks. Each photo is fed
-        before the next pick: a page is read only once the photos before it are marked."""
-        while isinstance(choice := self.scheduler.next(), Refill):
+    async def _reserve_size(self) -> int:
+        """DARKROOM_BULK_AHEAD, or (0) as many entries as the live bulk consumers have
+        regular places (this worker's count for each): every place that frees finds one."""
+        if self.settings.bulk_ahead:
+            return self.settings.bulk_ahead
+        if self.clock.now() >= self._reserve_at:
+            live = await self.bulk.live_consumers(LIVE_CONSUMER_MS)
+            self._reserve = self.settings.in_flight_bound * max(1, live)
+            self._reserve_at = self.clock.now() + RESERVE_EVERY_S
+        return self._reserve
+
+    async def _pick(self, conn: intake.Connection, most: int) -> list[Pending]:
+        """Up to `most` photos in the scheduler's order, loading tenants' pages as it asks.
+        It stops at a tenant to load whose photos it picked already: they are not marked
+        fed yet, and its page would hold them again."""
+        picked: list[Pending] = []
+        tenants: set[str] = set()
+        while len(picked) < most:
+            choice = self.scheduler.next()
+            if choice is None:
+                break
+            if isinstance(choice, Pending):
+                picked.append(choice)
+                tenants.add(choice.tenant)
+                continue
+            if choice.tenant in tenants:
+                break
             rows = await intake.backlog_page(conn, choice.tenant, BACKLOG_PAGE)
             self.scheduler.refill(
                 choice.tenant, [Pending(r["id"], r["tenant"], r["cost"]) for r in rows]
             )
-        return choice
+        return picked

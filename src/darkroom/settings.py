@@ -138,9 +138,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Enqueue `interactive` rows nobody XADDed (PostgreSQL-only producers); bulk feeding
     # runs whatever this says (the feeder is the only way into the bulk stream).
     pg_intake: bool = True
-    # Bulk entries waiting undelivered in the bulk stream at most: the fair order is
-    # decided this late, so a new tenant starts within one round.
-    bulk_ahead: int = 8
+    # The reserve of bulk entries waiting undelivered in the bulk stream, topped up as
+    # workers take them: 0 sizes it from the live workers (their regular in-flight places,
+    # so every place that frees finds an entry); the fair order is decided this late.
+    bulk_ahead: int = 0
     tenant_weights: tuple[tuple[str, int], ...] = ()
     tenant_max_in_flight: int = 0  # 0: no cap
 

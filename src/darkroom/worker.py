@@ -32,6 +32,7 @@ from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import Entry
 from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.streams import Streams
+from darkroom.reads import LaneReads
 from darkroom.relay import Relay
 from darkroom.settings import Settings
 from darkroom.store import db, duties, intake, leases, probe
@@ -42,24 +43,16 @@ log = structlog.get_logger("darkroom.worker")
 RECLAIM_EVERY_S = 0.5
 # A stop waits this long for the relay to publish the outcomes committed before it.
 RELAY_FLUSH_S = 5.0
-# A blocking read while bulk fills its places and has more waiting: short, so a bulk place
-# freed meanwhile is refilled soon (a read in flight is never cancelled).
-REFILL_BLOCK_MS = 100
 REPEAT_LOG_EVERY_S = 10.0
 DRAIN_SWEEP_TRIES = 3
 # `run --drain` does not wait out an outage longer than this: it stops with the work left
 # pending (nothing lost) and exits 3 naming the reason, within this, the photos' release
 # and the relay's flush (RELAY_FLUSH_S). A failover (about 10-30 s) is still waited out.
 DRAIN_OUTAGE_S = 30.0
-# Below its floor, the bulk lane's backlog is looked at (one script, one round trip) on
-# every intake turn while it has work waiting, and on every 8th while it has none: an idle
-# bulk lane no longer costs a round trip per photo, and a backlog that appears gets its
-# floor at most 8 turns later (a turn is about one photo's worth of intake).
-BULK_LOOK_EVERY = 8
 
 
 @dataclass
-class Worker:
+class Worker(LaneReads):
     settings: Settings
     pool: db.Pool
     streams: Streams
@@ -148,6 +141,7 @@ class Worker:
                     # than the code before any photo meets it (an outage until fixed).
                     await self.gate.wait("database")
                     await self.streams.ensure_group()
+                    await self.streams.join()  # the feeder sizes its reserve from us now
                     # Only at start: later, what this consumer holds is in flight or backing
                     # off. Once claimed (a delivery counted), never claimed again here.
                     for view in self.streams.lanes():
@@ -183,6 +177,7 @@ class Worker:
             await self.clock.sleep(backoff.next_s(), self.stopping)
         with contextlib.suppress(DarkroomError):
             await self.streams.ensure_group()
+            await self.streams.join()
             await self._refresh_entries()
 
     async def _intake_step(self, jobs: TaskGroup, drain: bool) -> bool:
@@ -197,51 +192,10 @@ class Worker:
             self._next_reclaim = self.clock.now() + RECLAIM_EVERY_S
             if self.in_flight.free() == 0:
                 return False
-        entries = await self._read_new(drain)
+        entries = await self._read_new(drain, jobs)
         await self._dispatch(jobs, entries, fresh=True)
+        await self._say_taken(entries)
         return drain and not entries and await self._drained()
-
-    async def _read_new(self, drain: bool) -> list[Entry]:
-        """Interactive first, up to its room, then bulk into the regular places left, both
-        at once; only when both came back empty, one read blocking on both (an interactive
-        entry is picked up as it arrives). Below its floor, bulk's backlog is looked at
-        first: the floor keeps places only while bulk has work waiting."""
-        if self.in_flight.held("bulk") < self.places.floor and self._look_at_bulk():
-            self._bulk_waiting = await self.streams.for_lane("bulk").undelivered() > 0
-        interactive = await self._read_lane("interactive", self._room("interactive"))
-        bulk = await self._read_lane("bulk", self._room("bulk", len(interactive)))
-        if interactive or bulk:
-            return interactive + bulk
-        lanes = admission.blocking_reads(self.places, *self._held()).lanes()
-        block_ms = REFILL_BLOCK_MS if self._bulk_waiting else self._block_ms(drain)
-        return await self.streams.read_lanes(lanes, block_ms) if lanes else []
-
-    def _look_at_bulk(self) -> bool:
-        due = self._bulk_waiting or self._bulk_turns % BULK_LOOK_EVERY == 0
-        self._bulk_turns += 1
-        return due
-
-    async def _read_lane(self, lane: str, count: int) -> list[Entry]:
-        if not count:
-            return []
-        entries = await self.streams.for_lane(lane).read_new(count, None)
-        if lane == "bulk":
-            self._bulk_waiting = len(entries) == count
-        return entries
-
-    def _held(self) -> tuple[int, int]:
-        return self.in_flight.held("interactive"), self.in_flight.held("bulk")
-
-    def _room(self, lane: str, interactive_read: int = 0) -> int:
-        """New entries `lane` may take now (bulk: after `interactive_read` more arrived)."""
-        interactive, bulk = self._held()
-        if lane == "interactive":
-            return admission.interactive_room(self.places, interactive, bulk, self._bulk_waiting)
-        return admission.bulk_room(self.places, interactive + interactive_read, bulk)
-
-    def _block_ms(self, drain: bool) -> int:
-        # While retries wait in the PEL, poll often enough to reclaim them on time.
-        return min(self.settings.read_block_ms, 500) if drain else self.settings.read_block_ms
 
     async def _drained(self) -> bool:
         """Nothing in flight, pending or unread in either lane's stream (an entry the feeder
@@ -251,6 +205,10 @@ class Worker:
         if self.in_flight or await self.streams.pending_count() or await self._unread():
             return False
         if await intake.has_unfed(self.pool, self.settings.pg_intake):
+            return False
+        if self.sweep_duty.tenure is not None:
+            # The sweep loop is in a pass: this one would be skipped and count as nothing
+            # found, while that pass may be handing a lost photo back to the feeder.
             return False
         try:
             swept = await self._sweep()

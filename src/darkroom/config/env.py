@@ -45,7 +45,7 @@ MINIMUMS: dict[str, float] = {
     "events_keep_days": 0.01,  # about 15 minutes: a consumer away longer replays nothing
     "interactive_slots": 0,  # 0: no reserved slot (interactive then waits behind bulk)
     "bulk_floor": 0.0,  # a share, at most 1 (from_env)
-    "bulk_ahead": 1,
+    "bulk_ahead": 0,  # 0: sized from the live workers' places
     "tenant_max_in_flight": 0,
 }
 

@@ -212,12 +212,8 @@ async def photos_of_entries(pool: Pool, entry_ids: list[str]) -> list[uuid.UUID]
     return [row["photo_id"] for row in await pool.fetch(ENTRIES_SQL, entry_ids)]
 
 
-REQUEUED_SQL = """
-WITH photo AS (
-    UPDATE photos SET last_activity_at = now(), enqueued_at = now() WHERE id = $1 RETURNING id
-)
-INSERT INTO photo_jobs AS j (photo_id, type, state, stream_entry)
-SELECT id, 'process', 'pending', $2 FROM photo
+# What recording an enqueue does to a job row that exists (REQUEUED_SQL, FED_SQL).
+REQUEUED_CONFLICT = """
 ON CONFLICT (photo_id, type) DO UPDATE SET
     -- a finished job keeps the entry it finished through (a failure's dead letter is
     -- finished from that entry alone); retry/replay reset the job to pending first
@@ -234,6 +230,30 @@ ON CONFLICT (photo_id, type) DO UPDATE SET
                  THEN j.state ELSE 'pending' END,
     updated_at = now()
 """
+REQUEUED_SQL = (
+    """
+WITH photo AS (
+    UPDATE photos SET last_activity_at = now(), enqueued_at = now() WHERE id = $1 RETURNING id
+)
+INSERT INTO photo_jobs AS j (photo_id, type, state, stream_entry)
+SELECT id, 'process', 'pending', $2 FROM photo
+"""
+    + REQUEUED_CONFLICT
+)
+# The feeder's batch: REQUEUED_SQL for each (photo, entry) pair, in one statement (every
+# other writer locks one photo: no lock order to keep between them).
+FED_SQL = (
+    """
+WITH photo AS (
+    UPDATE photos p SET last_activity_at = now(), enqueued_at = now()
+    FROM unnest($1::uuid[], $2::text[]) AS f(id, entry) WHERE p.id = f.id
+    RETURNING p.id, f.entry
+)
+INSERT INTO photo_jobs AS j (photo_id, type, state, stream_entry)
+SELECT id, 'process', 'pending', entry FROM photo ORDER BY id
+"""
+    + REQUEUED_CONFLICT
+)
 
 
 @translated
@@ -243,6 +263,14 @@ async def record_requeued(
     """Remember the entry a photo was last enqueued through (the sweeper checks it) and
     when (the feeder enqueues no photo whose `enqueued_at` is set)."""
     await conn.execute(REQUEUED_SQL, photo_id, entry_id)
+
+
+@translated
+async def record_fed(
+    conn: Pool | Connection | asyncpg.Connection, photo_ids: list[uuid.UUID], entry_ids: list[str]
+) -> None:
+    """record_requeued of each photo with its entry, in one statement (the feeder's batch)."""
+    await conn.execute(FED_SQL, photo_ids, entry_ids)
 
 
 RESET_SQL = """

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from redis import exceptions as rx
@@ -22,24 +22,16 @@ from redis.client import NEVER_DECODE
 from darkroom.queue.messages import Entry, received
 from darkroom.queue.streams import scripts
 from darkroom.queue.streams.connection import ERRORS, Client, connect, translated
+from darkroom.queue.streams.replies import (
+    LaneSignals,
+    _by_stream,
+    _group_may_be_gone,
+    _no_group,
+    _text,
+)
 
 # What callers import from here: the client and its error table live in connection.py.
 __all__ = ["ERRORS", "Client", "Streams", "connect", "translated"]
-
-
-def _no_group(exc: rx.ResponseError) -> bool:
-    """Redis lost the group (restarted empty): the entry is gone, Postgres will recover it."""
-    return str(exc).startswith("NOGROUP")
-
-
-@contextlib.contextmanager
-def _group_may_be_gone() -> Iterator[None]:
-    """Acting on an entry of a group Redis lost is a no-op, not an error."""
-    try:
-        yield
-    except rx.ResponseError as exc:
-        if not _no_group(exc):
-            raise
 
 
 def _flat(fields: dict[str, str]) -> list[str]:
@@ -49,15 +41,11 @@ def _flat(fields: dict[str, str]) -> list[str]:
 # Entries are untrusted bytes: these reads answer raw, undecoded RESP (NEVER_DECODE, and
 # no redis-py callback, whose dict would hide a repeated field), parsed by `_entries`.
 # Decoding a reply is then never the part that fails, whatever a producer sent.
-RAW_READS = ("XREADGROUP", "XAUTOCLAIM", "XCLAIM", "XRANGE")
+RAW_READS = ("XREADGROUP", "XAUTOCLAIM", "XCLAIM", "XRANGE", "XREAD")
 
 
 def _raw(response: Any, **options: Any) -> Any:
     return response
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 def _entries(raw: Iterable[Any] | None, lane: str = "interactive") -> list[Entry]:
@@ -66,14 +54,7 @@ def _entries(raw: Iterable[Any] | None, lane: str = "interactive") -> list[Entry
     return [received(_text(i), fields, lane) for i, fields in raw or [] if fields is not None]
 
 
-def _by_stream(reply: Any) -> list[tuple[str, Any]]:
-    """XREADGROUP's reply as (stream, raw entries) pairs, RESP2 list or RESP3 map alike."""
-    if isinstance(reply, dict):  # RESP3 (redis-py 8's default): a map {stream: entries}
-        reply = list(reply.items())
-    return [(_text(stream), raw) for stream, raw in reply or []]
-
-
-class Streams:
+class Streams(LaneSignals):
     """One lane's work stream + consumer group + dead-letter stream, seen by one consumer;
     `for_lane` gives the view of another lane's stream (same client, group and consumer,
     its own XAUTOCLAIM cursor)."""
@@ -126,6 +107,14 @@ class Streams:
     @translated
     async def enqueue(self, fields: dict[str, str]) -> str:
         return str(await self.client.xadd(self.stream, fields))  # type: ignore[arg-type]
+
+    @translated
+    async def enqueue_many(self, batch: Sequence[dict[str, str]]) -> list[str]:
+        """The entries in order, pipelined (one round trip); their ids."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for fields in batch:
+                pipe.xadd(self.stream, fields)  # type: ignore[arg-type]
+            return [str(entry_id) for entry_id in await pipe.execute()]
 
     @translated
     async def read_new(self, count: int, block_ms: int | None) -> list[Entry]:
