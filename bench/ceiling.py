@@ -21,7 +21,7 @@ from darkroom.queue.eventstream import EventStream
 from darkroom.queue.streams import Streams
 from darkroom.queue.streams.connection import connect as redis_connect
 from darkroom.relay import Relay
-from darkroom.store import db, duties, leases, publishing
+from darkroom.store import db, duties, intake, leases, publishing
 
 FACTS = {"width": 64, "height": 48, "format": "png", "bytes": 120, "camera_make": None,
          "thumbhash": "3OcRJYB4d3h/iIeHeEh3eIhw+j2w", "dominant_color": "#336699"}  # fmt: skip
@@ -80,7 +80,11 @@ async def drive(database_url: str, redis_url: str, tag: str, slots: int) -> floa
                   "darkroom://ceiling", keep_days=7)  # fmt: skip
     done: list[float] = []
     try:
-        async with anyio.create_task_group() as tg:
+        # the feeder's holder listens on the intake channel throughout, as in any worker pool
+        async with (
+            intake.listening(database_url, lambda _payload: None),
+            anyio.create_task_group() as tg,
+        ):
             tg.start_soon(relay.run)
             for _ in range(3000):  # the duty, at once unless a former run's lease is left
                 if relay.holding:
