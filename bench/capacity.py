@@ -342,7 +342,8 @@ def report(head: str, found: dict[str, Any], xadd_per_s: float) -> str:
         "### PostgreSQL at its ceiling", "",
         f"The photo's path without rendering (bench/ceiling.py: {found['ceiling']['slots']} "
         "tasks, each XREADGROUP → `leases.claim` → `publishing.publish` with a fixed "
-        "renditions payload → the ack script, the real events relay running beside them), "
+        "renditions payload → the ack script, the real events relay and a feeder's listener "
+        "beside them), "
         f"{found['ceiling']['full']['photos']} photos after a run of "
         f"{found['ceiling']['short']['photos']}; per photo at steady state, beside the "
         "render-bound drain above. The driver shares the machine's cores with PostgreSQL.", "",
