@@ -8,7 +8,10 @@ scan sees committed rows only); mark a row published only after its XADD returne
 between: it is sent again with the same `id`, consumers dedupe); on (re)connecting, catch up
 before waiting, so nothing committed while no one listened is left behind. The lease is
 checked before each batch and the mark is fenced: a relay that lost its duty stops at its
-next batch (what it sent meanwhile is a resend, which consumers dedupe).
+next batch (what it sent meanwhile is a resend, which consumers dedupe). A batch's mark is
+the statement that reads the next batch; while passes find events back to back the relay
+does not listen, and on listening again it passes once more before it waits, so what
+committed before its LISTEN is not left for the idle pass.
 """
 
 from __future__ import annotations
