@@ -176,15 +176,20 @@ class Relay:
         self._wake.set()
 
     async def flush(self) -> None:
-        """If this process relays: return after a pass that started after this call (the
-        worker's stop, so its last outcomes leave before it exits)."""
+        """If this process relays: return once what committed before this call is sent and
+        marked (the worker's stop, so its last outcomes leave before it exits)."""
         if not self.holding:
             return
         target = self.passes + 2  # the pass under way may have read before our commits
         self._wake.set()
-        while self.holding and (self.passes < target or self._sent):  # marked too
+        while self.holding and self._flushing(target):
             await anyio.sleep(0.02)
             self._wake.set()
+
+    def _flushing(self, target: int) -> bool:
+        """Until the target pass sent our outcomes and the pass after it marked them (the
+        next pass marks what one sent; others' outcomes that keep coming are not waited for)."""
+        return self.passes < target or (bool(self._sent) and self.passes < target + 1)
 
 
 def _observe(events: list[outbox.Event]) -> None:
