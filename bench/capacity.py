@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import ceiling
 import e2e
 import redis
 from e2e import PR_SET_CHILD_SUBREAPER, Rig, _done_times, _reap_orphans, large_jpegs, tiny_pngs
@@ -289,6 +290,13 @@ def main() -> None:
         action="store_true",
         help="skip the large JPEGs (quicker; they only add their row to the capacity table)",
     )
+    parser.add_argument("--ceiling-photos", type=int, default=2000)
+    parser.add_argument(
+        "--ceiling-tasks",
+        type=int,
+        default=8,
+        help="concurrent claim → publish → ack loops of the ceiling run",
+    )
     args = parser.parse_args()
     port = free_port()
     e2e.REDIS_URL = f"redis://127.0.0.1:{port}/0"
@@ -303,6 +311,9 @@ def main() -> None:
             rig = Rig(tmp)
             rig.cli("capacity-setup", "migrate")
             found = measure(rig, Probe(client), tmp, args.photos, args.tiny_only)
+            found["ceiling"] = ceiling.measure(Probe(client), SessionCpu, e2e.DATABASE_URL,
+                                               e2e.REDIS_URL, args.ceiling_photos,
+                                               args.ceiling_tasks)  # fmt: skip
             xadd_per_s = redis_benchmark(port)
         finally:
             client.shutdown(nosave=True)
@@ -328,6 +339,17 @@ def report(head: str, found: dict[str, Any], xadd_per_s: float) -> str:
         f"storage; the Redis and PostgreSQL counts are from the {tiny} run", "",
         "### Redis per photo", "", redis_md, "",
         "### PostgreSQL per photo", "", pg_md, "",
+        "### PostgreSQL at its ceiling", "",
+        f"The photo's path without rendering (bench/ceiling.py: {found['ceiling']['slots']} "
+        "tasks, each XREADGROUP → `leases.claim` → `publishing.publish` with a fixed "
+        "renditions payload → the ack script, the real events relay and a feeder's listener "
+        "beside them), "
+        f"{found['ceiling']['full']['photos']} photos after a run of "
+        f"{found['ceiling']['short']['photos']}; per photo at steady state, beside the "
+        "render-bound drain above. The driver shares the machine's cores with PostgreSQL.", "",
+        ceiling.table(({**drained, "photos": photos},
+                       {**found["short"], "photos": found["short_photos"]}), found["ceiling"]),
+        "",
         "### Capacity", "", cap, "",
     ])  # fmt: skip
 

@@ -74,10 +74,11 @@ async def test_a_former_holders_fenced_write_is_refused_after_a_takeover(pool: d
     assert new.token == old.token + 1
     assert not await duties.renew(pool, old, LEASE_S)
     assert not await outbox.mark_published(pool, [seq], old)
+    assert await outbox.mark_and_read(pool, [seq], 10, old) is None  # nor reads on
     assert await pool.fetchval("SELECT published_at FROM photo_events") is None
     assert not await duties.release(pool, old)  # the new holder's lease is not its to end
     assert await duties.renew(pool, new, LEASE_S)
-    assert await outbox.mark_published(pool, [seq], new)
+    assert await outbox.mark_and_read(pool, [seq], 10, new) == []  # marked: none left
     assert await pool.fetchval("SELECT published_at FROM photo_events") is not None
 
 

@@ -26,7 +26,7 @@ from darkroom.errors import DatabaseUnavailableError
 from darkroom.operate import events as events_command
 from darkroom.operate.web import live
 from darkroom.queue.eventstream import EventStream
-from darkroom.relay import IDLE_PASS_S, Relay
+from darkroom.relay import IDLE_PASS_S, PASS_GAP_S, Relay
 from darkroom.store import db, duties, leases, outbox, publishing
 from tests.conftest import PHOTOS, REDIS_URL, Env
 
@@ -51,10 +51,13 @@ class Outbox:
         return Relay(duty, self.url, self.stream, SOURCE, keep_days=7)
 
     async def batch(self, relay: Relay, conn: Any = None) -> list[str]:
-        """One batch as the duty's holder (a running relay holds it throughout)."""
+        """One batch as the duty's holder (a running relay holds it throughout), marked as
+        the running relay's next pass marks it."""
         async with relay.duty.hold() as tenure:
             assert tenure is not None
-            return await relay.relay_batch(conn or self.pool, tenure)
+            sent = await relay.relay_batch(conn or self.pool, tenure)
+            assert await relay.mark_sent(conn or self.pool, tenure)
+            return sent
         raise AssertionError("the duty was lost")
 
     async def entries(self) -> list[dict[str, Any]]:
@@ -213,6 +216,29 @@ async def test_the_relay_wakes_on_commit_and_keeps_each_photos_order(box: Outbox
     assert REGISTRY.get_sample_value("darkroom_events_relayed_total") == relayed + 2
 
 
+async def test_after_a_busy_stretch_the_relay_still_wakes_on_the_next_commit(box: Outbox) -> None:
+    """A relay passing back to back stops listening; once a pass finds nothing it listens
+    again, and an event committed then still leaves on its commit, every one marked once."""
+    relay = box.relay()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await until(lambda: relay.holding)
+        for _ in range(12):  # a pass every PASS_GAP_S finds some of them
+            await published(box.pool)
+            await anyio.sleep(PASS_GAP_S / 2)
+        assert not relay.listening
+        await until(lambda: relay.listening)
+        await anyio.sleep(0.2)
+        committed = time.monotonic()
+        await published(box.pool)
+        await until_async(box.entries, 13)
+        assert time.monotonic() - committed < IDLE_PASS_S / 3
+        await relay.flush()
+        tg.cancel_scope.cancel()
+    assert len(await box.entries()) == 13
+    assert all(r["published_at"] is not None for r in await box.rows())
+
+
 async def test_retention_deletes_old_published_events_and_keeps_unpublished(box: Outbox) -> None:
     """Past DARKROOM_EVENTS_KEEP_DAYS a published event goes; an unpublished one stays."""
     for _ in range(3):
@@ -319,10 +345,13 @@ async def test_a_batch_sent_before_postgresql_failed_is_marked_not_sent_again(
     """Sent, then the mark failed (PostgreSQL went away): the next try marks it, no resend."""
     await published(box.pool)
     relay = box.relay()
-    async with outbox.listening(box.url, lambda payload: None) as conn:
-        await conn.execute("SET default_transaction_read_only = on")
-        with pytest.raises(DatabaseUnavailableError):
-            await box.batch(relay, conn)
+    async with relay.duty.hold() as tenure:
+        assert tenure is not None
+        assert len(await relay.relay_batch(box.pool, tenure)) == 1
+        async with outbox.listening(box.url, lambda payload: None) as conn:
+            await conn.execute("SET default_transaction_read_only = on")
+            with pytest.raises(DatabaseUnavailableError):
+                await relay.relay_batch(conn, tenure)  # marks, then reads: refused whole
     assert await box.batch(relay) == []
     assert len(await box.entries()) == 1
     assert all(r["published_at"] is not None for r in await box.rows())

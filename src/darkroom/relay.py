@@ -8,7 +8,10 @@ scan sees committed rows only); mark a row published only after its XADD returne
 between: it is sent again with the same `id`, consumers dedupe); on (re)connecting, catch up
 before waiting, so nothing committed while no one listened is left behind. The lease is
 checked before each batch and the mark is fenced: a relay that lost its duty stops at its
-next batch (what it sent meanwhile is a resend, which consumers dedupe).
+next batch (what it sent meanwhile is a resend, which consumers dedupe). A batch's mark is
+the statement that reads the next batch; while passes find events back to back the relay
+does not listen, and on listening again it passes once more before it waits, so what
+committed before its LISTEN is not left for the idle pass.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ IDLE_PASS_S = 30.0
 # XADD, one mark) instead of one pass each; a quiet queue's event still leaves at once.
 # So a pass costs each photo less the faster photos come: at most 20 passes a second.
 PASS_GAP_S = 0.05
+# Passes in a row that found events before the relay stops listening (it passes every
+# PASS_GAP_S meanwhile): a lone photo's events cost no UNLISTEN/LISTEN, a stream of them
+# no transaction per NOTIFY.
+BUSY_PASSES = 2
 # The retention's batches run on their own clock, not on every pass.
 PRUNE_EVERY_S = 60.0
 PRUNE_BATCH = 1000
@@ -49,6 +56,8 @@ class Relay:
         self.duty, self.database_url, self.stream = duty, database_url, stream
         self.source, self.keep_s = source, keep_days * 86400
         self.holding = False
+        self.listening = True  # the server side of the connection's LISTEN
+        self._busy = 0  # passes in a row that found events
         self.passes = 0  # passes finished while holding the duty (flush waits for one)
         self._wake = anyio.Event()
         self._sent: list[int] = []  # XADDed, not yet marked
@@ -68,7 +77,7 @@ class Relay:
 
     async def _session(self, tenure: Tenure) -> None:
         async with outbox.listening(self.database_url, self._notified) as conn:
-            self.holding = True
+            self.holding, self.listening, self._busy = True, True, 0
             metrics.EVENTS_RELAY.set(1)
             log.info("event relay started", token=tenure.fence.token)
             try:
@@ -79,48 +88,78 @@ class Relay:
 
     async def _relay(self, conn: outbox.Conn, tenure: Tenure) -> None:
         while True:
-            await self._pass(conn, tenure)
+            found = await self._pass(conn, tenure)
+            if await self._listen_again(conn, found):
+                continue  # the catch-up: what committed before the LISTEN heard nothing
             await anyio.sleep(PASS_GAP_S)
-            with anyio.move_on_after(IDLE_PASS_S):
-                await self._wake.wait()
+            if self.listening and not self._sent:
+                with anyio.move_on_after(IDLE_PASS_S):
+                    await self._wake.wait()
             if conn.is_closed():
                 lost = "the relay's connection was lost"
                 raise DatabaseUnavailableError(lost, reason="connection")
 
-    async def _pass(self, conn: outbox.Conn, tenure: Tenure) -> None:
+    async def _listen_again(self, conn: outbox.Conn, found: bool) -> bool:
+        """Stop listening after BUSY_PASSES passes that each found events (the next pass
+        comes after PASS_GAP_S anyway: a NOTIFY would only cost the server a transaction);
+        listen again once a pass finds none. True: listening again, a pass is due now."""
+        self._busy = self._busy + 1 if found else 0
+        if self.listening and self._busy >= BUSY_PASSES:
+            await outbox.listen(conn, False)
+            self.listening = False
+        elif not self.listening and not found:
+            await outbox.listen(conn, True)
+            self.listening = True
+            return True
+        return False
+
+    async def _pass(self, conn: outbox.Conn, tenure: Tenure) -> bool:
+        """Batches until one is short; whether any event was sent."""
         self._wake = anyio.Event()  # a NOTIFY from now on asks for another pass
-        while len(await self.relay_batch(conn, tenure)) == BATCH:
-            pass
+        found = False
+        while sent := len(await self.relay_batch(conn, tenure)):
+            found = True
+            if sent < BATCH:
+                break
         if tenure.live():
             await self._prune(conn)
         self.passes += 1
+        return found
 
     async def relay_batch(self, conn: outbox.Conn, tenure: Tenure) -> list[str]:
-        """XADD one batch of unpublished events in id order, then mark them; entry ids.
-        A batch sent but not marked (PostgreSQL failed in between) is marked first on the
-        next try, not sent again: only a kill of this process sends a batch twice. Nothing
-        once the duty is lost (its mark refused, or its lease past): the new holder sends
-        what is unmarked."""
-        if self._sent and not await self._mark(conn, tenure):
-            return []
+        """Mark what the last batch sent and read the next (one statement), then XADD it in
+        id order; entry ids. Its mark waits for the next batch: a busy relay costs one
+        transaction per pass. A batch sent but not marked (PostgreSQL failed in between, or
+        this is the last) is marked by the next try: only a kill of this process sends a
+        batch twice. Nothing once the duty is lost (its mark refused, or its lease past):
+        the new holder sends what is unmarked."""
         if not tenure.live():
             return []
-        events = await outbox.unpublished(conn, BATCH)
+        if self._sent:
+            events = await outbox.mark_and_read(conn, self._sent, BATCH, tenure.fence)
+            if events is None:
+                self._lost(tenure)
+                return []
+        else:
+            events = await outbox.unpublished(conn, BATCH)
+        self._sent = []
         documents = [json.dumps(outbox.envelope(e, self.source)) for e in events]
         entry_ids = await self.stream.append(documents)
         _observe(events)
         self._sent = [e.seq for e in events]
-        if events and not await self._mark(conn, tenure):
-            return []
         return entry_ids
 
-    async def _mark(self, conn: outbox.Conn, tenure: Tenure) -> bool:
-        """The fenced mark of what was sent; refused: the duty is lost."""
-        marked = await outbox.mark_published(conn, self._sent, tenure.fence)
+    async def mark_sent(self, conn: outbox.Conn, tenure: Tenure) -> bool:
+        """The fenced mark of what was sent, without reading on; refused: the duty is lost."""
+        if self._sent and not await outbox.mark_published(conn, self._sent, tenure.fence):
+            self._lost(tenure)
+            return False
         self._sent = []
-        if not marked:
-            tenure.lose("write_refused")
-        return marked
+        return True
+
+    def _lost(self, tenure: Tenure) -> None:
+        self._sent = []  # the new holder sends what is unmarked
+        tenure.lose("write_refused")  # says so, and stops the relay
 
     async def _prune(self, conn: outbox.Conn) -> None:
         """A bounded number of batches; the next pass goes on while more are due."""
@@ -137,15 +176,20 @@ class Relay:
         self._wake.set()
 
     async def flush(self) -> None:
-        """If this process relays: return after a pass that started after this call (the
-        worker's stop, so its last outcomes leave before it exits)."""
+        """If this process relays: return once what committed before this call is sent and
+        marked (the worker's stop, so its last outcomes leave before it exits)."""
         if not self.holding:
             return
         target = self.passes + 2  # the pass under way may have read before our commits
         self._wake.set()
-        while self.holding and self.passes < target:
+        while self.holding and self._flushing(target):
             await anyio.sleep(0.02)
             self._wake.set()
+
+    def _flushing(self, target: int) -> bool:
+        """Until the target pass sent our outcomes and the pass after it marked them (the
+        next pass marks what one sent; others' outcomes that keep coming are not waited for)."""
+        return self.passes < target or (bool(self._sent) and self.passes < target + 1)
 
 
 def _observe(events: list[outbox.Event]) -> None:

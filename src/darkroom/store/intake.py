@@ -22,6 +22,7 @@ from darkroom.store.db import Connection as PooledConnection
 from darkroom.store.duties import Fence, fenced
 
 INTAKE_CHANNEL = "darkroom_intake"
+EVENTS_CHANNEL = "darkroom_events"  # outbox.CHANNEL: every outcome's notice
 CLOSE_TIMEOUT_S = 5.0
 Connection = asyncpg.Connection
 Notified = Callable[[str], None]
@@ -194,17 +195,80 @@ async def prepare_jobs(
     return bool(await conn.fetchval(FED_JOBS_SQL, photo_ids, *fence.args))
 
 
+# PostgreSQL 15 signals every session of the database that LISTENs, on any channel, at
+# every NOTIFY, and an idle one reads it in a transaction of its own: each photo's event
+# notice would cost the feeder's listener a transaction. So the listener is a connection
+# of its own (the "ear"), which also hears the events channel to know how busy it is: past
+# BUSY_NOTICES in a HEAR_S turn it stays inside a statement for HEAR_S, the notifications
+# queue meanwhile and are read in one transaction when it ends; a quiet database's
+# notifications (one insert now and then) are read as they come.
+HEAR_S = 0.25
+BUSY_NOTICES = 3
+
+
+class _Turn:
+    """The notifications the listener was delivered in its current turn, either channel."""
+
+    def __init__(self, on_notify: Notified) -> None:
+        self.heard, self.on_notify = 0, on_notify
+
+    def intake(self, *args: Any) -> None:
+        self.heard += 1
+        self.on_notify(str(args[3]))
+
+    def event(self, *_args: Any) -> None:
+        self.heard += 1
+
+    def busy(self) -> bool:
+        """Whether the turn that ends was busy; a new one starts."""
+        busy, self.heard = self.heard >= BUSY_NOTICES, 0
+        return busy
+
+
 @contextlib.asynccontextmanager
 async def listening(url: str, on_notify: Notified) -> AsyncIterator[Connection]:
-    """The feeder's dedicated connection, listening on the intake channel (a pooled one
-    would lose its LISTEN when given back). Only the feeder's holder opens it (duty.py)."""
+    """The feeder's dedicated connection, and its listener on the intake channel (a pooled
+    one would lose its LISTEN when given back). Only the feeder's holder opens them
+    (duty.py). A lost listener closes the connection: the feeder's next query fails."""
     with errors.map_exceptions(ERRORS):
         conn = await asyncpg.connect(url, timeout=10, command_timeout=30)
         try:
-            await conn.add_listener(INTAKE_CHANNEL, lambda *args: on_notify(str(args[3])))
-            yield conn
+            ear = await asyncpg.connect(url, timeout=10, command_timeout=30)
+            try:  # listening before the caller's first look: nothing falls between
+                turn = _Turn(on_notify)
+                await ear.add_listener(INTAKE_CHANNEL, turn.intake)
+                await ear.add_listener(EVENTS_CHANNEL, turn.event)
+                async with _hearing(ear, conn, turn):
+                    yield conn
+            finally:
+                await _close(ear)
         finally:
             await _close(conn)
+
+
+@contextlib.asynccontextmanager
+async def _hearing(ear: Connection, conn: Connection, turn: _Turn) -> AsyncIterator[None]:
+    """The ear's turns beside the caller; the caller's own error comes out as itself."""
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_hear, ear, conn, turn)
+            yield
+            tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:  # _hear raises nothing: it is the caller's
+            raise group.exceptions[0] from None
+        raise
+
+
+async def _hear(ear: Connection, conn: Connection, turn: _Turn) -> None:
+    try:
+        while True:
+            if turn.busy():  # the notifications wait for the statement's end: one read
+                await ear.fetchval("SELECT pg_sleep($1)", HEAR_S)
+            else:
+                await anyio.sleep(HEAR_S)
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+        conn.terminate()
 
 
 async def _close(conn: Connection) -> None:

@@ -53,6 +53,25 @@ marked AS (
 )
 SELECT held FROM fence
 """
+# The relay's pass when it has sent events: their fenced mark ($1, the fence in $3..$5)
+# and the next batch ($2) in one statement, one transaction, as MARK_SQL commits. The read
+# shares the mark's snapshot, which still shows the rows it marks unpublished: they are
+# left out by id. The read runs only while the fence holds; the first row says whether it
+# did (a LEFT JOIN: one row with NULL columns when nothing is left to send).
+MARK_AND_READ_SQL = f"""
+WITH quick AS (SELECT set_config('synchronous_commit', 'off', true)),
+fence AS (SELECT {fenced(3)} AS held FROM quick),
+marked AS (
+    UPDATE photo_events SET published_at = now()
+    WHERE id = ANY($1::bigint[]) AND (SELECT held FROM fence)
+),
+next AS (
+    SELECT {COLUMNS} FROM photo_events
+    WHERE published_at IS NULL AND id <> ALL($1::bigint[]) AND (SELECT held FROM fence)
+    ORDER BY id LIMIT $2
+)
+SELECT f.held, n.* FROM fence f LEFT JOIN next n ON true ORDER BY n.id
+"""
 AFTER_SQL = f"SELECT {COLUMNS} FROM photo_events WHERE id > $1 ORDER BY id LIMIT $2"
 BY_IDS_SQL = f"SELECT {COLUMNS} FROM photo_events WHERE id = ANY($1::bigint[]) ORDER BY id"
 SEQ_OF_SQL = "SELECT id FROM photo_events WHERE event_id = $1"
@@ -85,6 +104,18 @@ async def unpublished(conn: Conn, limit: int) -> list[Event]:
 async def mark_published(conn: Conn, seqs: list[int], fence: Fence) -> bool:
     """False (nothing marked): the relay's duty was taken over, or its lease ran out."""
     return bool(await conn.fetchval(MARK_SQL, seqs, *fence.args))
+
+
+@translated
+async def mark_and_read(
+    conn: Conn, seqs: list[int], limit: int, fence: Fence
+) -> list[Event] | None:
+    """Mark `seqs` published and read the next batch; None (nothing marked, nothing read):
+    the relay's duty was taken over, or its lease ran out."""
+    rows = await conn.fetch(MARK_AND_READ_SQL, seqs, limit, *fence.args)
+    if not rows[0]["held"]:
+        return None
+    return [_event(row) for row in rows if row["id"] is not None]
 
 
 @translated
@@ -132,6 +163,15 @@ async def listening(
             yield conn
         finally:
             conn.terminate()  # no goodbye: the server may be the reason we leave
+
+
+@translated
+async def listen(conn: Conn, on: bool) -> None:
+    """Turn the server side of `listening`'s LISTEN on or off (its callback stays): an
+    idle session that listens reads every NOTIFY of the database, on any channel, in a
+    transaction of its own (PostgreSQL 15), so a relay that passes back to back anyway
+    stops listening while it does."""
+    await conn.execute(f"{'LISTEN' if on else 'UNLISTEN'} {CHANNEL}")
 
 
 @translated
