@@ -261,14 +261,19 @@ async def _hearing(ear: Connection, conn: Connection, turn: _Turn) -> AsyncItera
 
 
 async def _hear(ear: Connection, conn: Connection, turn: _Turn) -> None:
+    """The ear's turns. An ear the server closed (idle_session_timeout, an operator's
+    pg_terminate_backend) raises nothing on a quiet turn: its loss is looked for on every
+    turn and passed on to the feeder's connection, whose next query fails (a new tenure
+    listens afresh) instead of the feeder going deaf for the rest of its tenure."""
     try:
-        while True:
+        while not ear.is_closed():
             if turn.busy():  # the notifications wait for the statement's end: one read
                 await ear.fetchval("SELECT pg_sleep($1)", HEAR_S)
             else:
                 await anyio.sleep(HEAR_S)
     except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-        conn.terminate()
+        pass
+    conn.terminate()
 
 
 async def _close(conn: Connection) -> None:
