@@ -33,6 +33,8 @@ Notified = Callable[[str], None]
 # With them, interactive re-renders requested while one ran whose worker died before its
 # XADD (the publish cleared enqueued_at; photos_rerender_due_idx), their update before $1
 # too: the publishing worker XADDs after its commit, as a producer does after its insert.
+# A re-render's claim leaves enqueued_at NULL (the photo stays processed while it renders),
+# so one a live lease holds is left out: its render is the follow-up, not a second entry.
 DUE_SQL = """
 (SELECT id, created_at, extract(epoch FROM now() - created_at)::float8 AS age_s
  FROM photos
@@ -47,6 +49,8 @@ UNION ALL
  WHERE enqueued_at IS NULL AND lane = 'interactive'
    AND processing_state = 'processed' AND rerender_requested_at IS NOT NULL
    AND updated_at < $1
+   AND NOT EXISTS (SELECT 1 FROM photo_jobs j WHERE j.photo_id = photos.id
+                   AND j.state = 'active' AND j.lease_until > now())
  ORDER BY updated_at, id
  LIMIT $2)
 ORDER BY created_at, id
