@@ -295,7 +295,8 @@ def test_events_follow_prints_what_commits_after_it_started(file_env: Env) -> No
 
 
 def test_a_worker_relays_its_outcomes_before_it_exits(file_env: Env) -> None:
-    """`run --drain`: a published and a failed photo are both on the events stream at exit."""
+    """`run --drain`: a published and a failed photo are both on the events stream at exit,
+    marked sent: the next worker to relay sends neither again."""
     bad = file_env.tmp / "notes.jpg"
     bad.write_text("not a picture")
     good_id, bad_id = file_env.ingest([PHOTOS / "Landscape_3.jpg", bad])
@@ -307,6 +308,10 @@ def test_a_worker_relays_its_outcomes_before_it_exits(file_env: Env) -> None:
     assert events[str(bad_id)]["type"] == "darkroom.photo.failed"
     assert events[str(bad_id)]["data"]["error_code"] == "unsupported_format"
     assert events[str(good_id)]["source"] == "darkroom://darkroom" and len(rows) == 2
+    [unmarked] = file_env.query("SELECT count(*) AS n FROM photo_events WHERE published_at IS NULL")
+    assert unmarked["n"] == 0, "sent but left unmarked: the next worker sends them again"
+    file_env.cli("run", "--drain")
+    assert file_env.redis.xlen(file_env.vars["DARKROOM_EVENTS_STREAM"]) == 2
 
 
 def test_since_is_an_event_id_or_a_time_in_utc_by_default() -> None:

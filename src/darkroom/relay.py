@@ -24,7 +24,7 @@ import structlog
 
 from darkroom import metrics
 from darkroom.duty import Duty, Tenure
-from darkroom.errors import DatabaseUnavailableError
+from darkroom.errors import DarkroomError, DatabaseUnavailableError
 from darkroom.queue.eventstream import EventStream
 from darkroom.queue.streams import Client
 from darkroom.settings import Settings
@@ -45,6 +45,7 @@ PASS_GAP_S = 0.05
 BUSY_PASSES = 2
 # The retention's batches run on their own clock, not on every pass.
 PRUNE_EVERY_S = 60.0
+LEAVING_MARK_S = 2.0  # a stop waits this long at most for the last batch's mark
 PRUNE_BATCH = 1000
 PRUNE_BATCHES_PER_PASS = 10  # bounded work per pass; the next pass goes on
 
@@ -83,8 +84,21 @@ class Relay:
             try:
                 await self._relay(conn, tenure)
             finally:
+                await self._mark_on_leaving(conn, tenure)
                 self.holding = False
                 metrics.EVENTS_RELAY.set(0)
+
+    async def _mark_on_leaving(self, conn: outbox.Conn, tenure: Tenure) -> None:
+        """A stop cancels the relay between a batch's XADD and the next pass's mark: mark it
+        now (briefly, shielded), so the next holder does not send it again. A connection
+        already lost, or a refusal, leaves it to the next holder (at least once)."""
+        if not self._sent or conn.is_closed() or not tenure.live():
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(LEAVING_MARK_S):
+            try:
+                await self.mark_sent(conn, tenure)
+            except DarkroomError as exc:
+                log.warning("could not mark the last batch sent", error_code=exc.code)
 
     async def _relay(self, conn: outbox.Conn, tenure: Tenure) -> None:
         while True:
