@@ -318,7 +318,8 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
     except Exception as exc:  # libheif raises plain ValueError/RuntimeError
         raise CorruptImageError(f"HEIF decode failed: {exc}") from None
     bands = len(mode)
-    # libheif's own buffer, not a copy (36 MB at 12 MP): pyvips keeps the view, so the buffer
+    # libheif's own buffer, not a copy (36 MB at 12 MP): pyvips keeps a reference to the
+    # memoryview, so the buffer lives as long as the image that reads it
     image = pyvips.Image.new_from_memory(pixels, stride // bands, height, bands, "uchar")
     image = image.crop(0, 0, width, height) if stride != width * bands else image
     steps = isobmff.transform_steps(container, container.primary, width, height)
