@@ -225,6 +225,7 @@ def test_json_api_returns_the_status_and_a_photo(file_env: Env) -> None:
     assert httpx.get(f"{base}/api/photos/{uuid.uuid4()}").status_code == 404
     metrics = httpx.get(f"{base}/metrics").text
     assert 'darkroom_photos{state="processed"} 1.0' in metrics
+    assert "darkroom_photos_estimated 0.0" in metrics, "one photo is counted, not estimated"
     assert "darkroom_dead_letters 1.0" in metrics
     original = httpx.get(f"{base}/photos/{good_id}/original")
     assert original.headers["content-type"] == "image/jpeg"

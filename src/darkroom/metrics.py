@@ -156,6 +156,11 @@ DEAD_LETTERS = Gauge(
     "darkroom_dead_letters", "Entries in the dead-letter stream", registry=QUEUE_REGISTRY
 )
 PHOTOS = Gauge("darkroom_photos", "Photos by state", ["state"], registry=QUEUE_REGISTRY)
+PHOTOS_ESTIMATED = Gauge(
+    "darkroom_photos_estimated",
+    "1 when a darkroom_photos count past the exact cap is the planner's estimate",
+    registry=QUEUE_REGISTRY,
+)
 # ---- lanes: the same per lane, and how long each lane's oldest entry waited
 LANE_LENGTH = Gauge("darkroom_lane_length", "Entries in a lane's work stream", ["lane"],
                     registry=QUEUE_REGISTRY)  # fmt: skip
@@ -201,6 +206,7 @@ def queue_metrics(report: dict[str, Any]) -> bytes:
     DEAD_LETTERS.set(report["dead_letters"])
     for state in ("uploaded", "processing", "processed", "processing_failed"):
         PHOTOS.labels(state).set(report["photos"].get(state, 0))
+    PHOTOS_ESTIMATED.set(1 if report.get("photos_estimated") else 0)
     for lane, numbers in report.get("lanes", {}).items():
         LANE_LENGTH.labels(lane).set(numbers["length"])
         LANE_LAG.labels(lane).set(numbers["lag"] or 0)
