@@ -94,11 +94,15 @@ async def test_two_big_photos_never_render_at_once_while_small_ones_overlap() ->
 
 
 async def test_a_photo_over_the_whole_budget_renders_alone() -> None:
+    """Every photo here is over the budget: one at a time, each rendered; before each, the
+    other (idle) process returns the memory it kept for its next photo."""
     async with pool(2, SMALL_MB // 2) as renderer:
         starts = Starts(renderer)
         async with anyio.create_task_group() as tasks:
             for i, data in enumerate([BIG, SMALL, BIG]):
                 tasks.start_soon(starts.render(f"photo {i}", data))
+        assert renderer.trims == 3, "before each, the idle process returned what it kept"
+        assert (len(renderer.pids()), renderer.started) == (2, 2), "and stayed, warm"
     assert [shares for _, shares in starts.seen] == [[SMALL_MB // 2]] * 3
 
 

@@ -176,6 +176,7 @@ class RenderPool:
         # alone must not lose threads to it (an upload's render briefly oversubscribes).
         self.vips_threads = vips_threads or vips_threads_for(slots)
         self.started = 0  # processes started, for tests and the benchmark
+        self.trims = 0  # idle processes asked to return their kept memory (_trim_idle)
         self.retired: Counter[str] = Counter()  # why processes ended
         self._free = Slots(slots, reserved)
         # decode memory shared by all slots (image/budget.py); None: as much as all slots use
@@ -242,10 +243,12 @@ class RenderPool:
         `interactive` may use a reserved slot. Once it holds a slot, the photo waits until its
         estimated decode memory fits the budget; `started` is called when it is admitted.
         Neither wait counts towards `timeout_s`: that bounds the render alone."""
-        async with self._slot(interactive) as kind, self._memory(data, interactive):
+        async with self._slot(interactive) as kind, self._memory(data, interactive) as mb:
             if started is not None:
                 started()
             child = self._take_idle(kind) or await self._spawn(kind)
+            if mb >= self.budget.total_mb:  # alone: no other photo takes a process meanwhile
+                await self._trim_idle()
             reply = await self._exchange(child, (data, tuple(specs), self.max_pixels))
             if reply[0] == "died":
                 await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
@@ -265,12 +268,24 @@ class RenderPool:
             self._free.release(kind, interactive)
 
     @contextlib.asynccontextmanager
-    async def _memory(self, data: bytes, interactive: bool) -> AsyncIterator[None]:
+    async def _memory(self, data: bytes, interactive: bool) -> AsyncIterator[int]:
         mb = await self.budget.take(footprint.estimate_mb(data), interactive)
         try:
-            yield
+            yield mb
         finally:
             self.budget.give_back(mb)
+
+    async def _trim_idle(self) -> None:
+        """The idle processes return what they kept for their next photo (renderproc.TRIM):
+        up to keep_mb each, resident beside a decode the budget lets run alone otherwise."""
+        for child in list(self._idle):
+            self._idle.remove(child)
+            reply = await self._exchange(child, renderproc.TRIM)  # a cancel kills it
+            if reply[0] == "died":
+                await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
+            else:
+                self.trims += 1
+                self._idle.append(child)
 
     def _take_idle(self, kind: str) -> _Child | None:
         for i in range(len(self._idle) - 1, -1, -1):
