@@ -58,7 +58,7 @@ def parse_renditions(text: str) -> tuple[RenditionSpec, ...]:
 
 DEFAULT_PROBE_KEY = "renditions/.darkroom-probe"
 # The render budget per regular slot when DARKROOM_RENDER_BUDGET_MB is 0: two 12 MP photos of
-# any format but AVIF fit beside each other (JPEG ~35 MB, HEIC ~80, PNG ~65), a 12 MP AVIF
+# any format but AVIF fit beside each other (JPEG ~38 MB, HEIC ~81, PNG ~72), a 12 MP AVIF
 # (~210 MB) renders alone; measured to hold a worker at concurrency 2 under 400 MB PSS
 # (docs/performance.md, "A memory budget across render slots").
 RENDER_BUDGET_PER_SLOT_MB = 100

@@ -24,17 +24,17 @@ from darkroom.image.pipeline import sniff
 
 # MB of peak resident memory per megapixel, above a warm render process's idle size
 MB_PER_MEGAPIXEL = {
-    "jpeg": 1.2,  # shrink-on-load: 25–49 MB from 3 to 48 MP
-    "webp": 1.0,  # shrink-on-load too: 23–38 MB from 3 to 48 MP
-    "png": 3.6,  # decoded whole, row by row: 31–176 MB from 3 to 48 MP
-    "gif": 3.6,  # not measured apart: taken as PNG's
-    "heic": 5.0,  # libheif/libde265, the RGB kept in libheif's buffer: 76 MB at 12 MP
-    "avif": 15.5,  # libheif/dav1d: 49–715 MB from 3 to 48 MP, 204 MB at 12 MP
+    "jpeg": 1.5,  # shrink-on-load: 27–63 MB from 3 to 48 MP
+    "webp": 1.0,  # shrink-on-load too: 23–55 MB from 3 to 48 MP, not growing with size
+    "png": 4.3,  # decoded whole: 28–213 MB from 3 to 48 MP
+    "gif": 4.3,  # not measured apart: taken as PNG's
+    "heic": 5.0,  # libheif/libde265, the RGB kept in libheif's buffer: 75–76 MB at 12 MP
+    "avif": 15.5,  # libheif/dav1d, no shrink-on-load: 48–715 MB from 3 to 48 MP
 }
 # what any render holds whatever its size: the decode's first tiles, the renditions'
-# buffers, the encoders (a 2 MP JPEG: 23–26 MB)
+# buffers, the encoders (a 2 MP JPEG: 21–28 MB)
 FLOOR_MB = 20
-# 16-bit samples: a 16-bit PNG measured 1.2–1.4× its 8-bit copy
+# 16-bit samples: a 16-bit PNG measured 1.2–1.3× its 8-bit copy, up to 1.4× in other runs
 DEEP = 1.4
 
 
