@@ -283,8 +283,12 @@ class RenderPool:
             reply = await self._exchange(child, renderproc.TRIM)  # a cancel kills it
             if reply[0] == "died":
                 await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
+                continue
+            self.trims += 1
+            if self._closed:  # closed meanwhile: it would outlive the pool in _idle
+                child.conn.close()
+                await self._reap(child, "closed", timeout_s=_CLOSE_WAIT_S)
             else:
-                self.trims += 1
                 self._idle.append(child)
 
     def _take_idle(self, kind: str) -> _Child | None:
