@@ -11,14 +11,15 @@ import anyio
 import pytest
 import pyvips
 
-from darkroom.image import footprint
+from darkroom.image import budget, footprint
 from darkroom.image.renderer import RenderPool
 from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 from tests.conftest import PHOTOS
 
 DEFAULTS = parse_renditions(DEFAULT_RENDITIONS)
 BIG = (PHOTOS / "iphone_hdr_NO.jpg").read_bytes()  # 8 MP
-SMALL = (PHOTOS / "animated-loop-3.gif").read_bytes()
+SMALL = (PHOTOS / "Landscape_6.jpg").read_bytes()  # 2 MP
+TINY = (PHOTOS / "animated-loop-3.gif").read_bytes()  # 370×285: outside the budget
 BIG_MB, SMALL_MB = footprint.estimate_mb(BIG), footprint.estimate_mb(SMALL)
 
 
@@ -37,9 +38,17 @@ class Starts:
         self.renderer = renderer
         self.seen: list[tuple[str, list[int]]] = []
 
-    def render(self, name: str, data: bytes, interactive: bool = False) -> Callable[[], Awaitable]:
+    def render(
+        self,
+        name: str,
+        data: bytes,
+        interactive: bool = False,
+        then: Callable[[], object] | None = None,
+    ) -> Callable[[], Awaitable]:
         def started() -> None:
             self.seen.append((name, list(self.renderer.budget.held_mb)))
+            if then is not None:
+                then()
 
         async def run() -> None:
             await self.renderer.render(data, DEFAULTS, interactive=interactive, started=started)
@@ -61,7 +70,9 @@ def test_a_large_heif_is_estimated_far_above_a_jpeg_of_the_same_pixels() -> None
     avif = footprint.estimate_mb((PHOTOS / "avif-orientation-6.avif").read_bytes())
     heic = footprint.estimate_mb((PHOTOS / "iphone_13_pro_max.HEIC").read_bytes())
     jpeg = footprint.estimate_mb(BIG)  # 8 MP; the AVIF and the HEIC are 12 MP
-    assert avif > heic > 2 * jpeg > jpeg > SMALL_MB
+    assert (
+        avif > heic > 2 * jpeg > jpeg > SMALL_MB > budget.OUTSIDE_MB >= footprint.estimate_mb(TINY)
+    )
 
 
 @pytest.mark.parametrize("path", sorted(p for p in PHOTOS.iterdir() if p.suffix != ".md"))
@@ -158,3 +169,16 @@ async def test_a_photo_cancelled_while_it_waits_leaves_the_queue() -> None:
         assert starts.order == ["small"]
         assert (renderer.budget.in_use_mb, renderer.budget.waiting) == (0, 0)
         await renderer.render(BIG, DEFAULTS)  # both slots are free again
+
+
+async def test_a_tiny_photo_renders_beside_one_that_holds_the_whole_budget() -> None:
+    """Outside the budget: it starts while the big photo renders (started from the big
+    one's admission, so before that render can end), in the other process, which first
+    returns the memory it kept."""
+    async with pool(2, BIG_MB) as renderer:
+        starts = Starts(renderer)
+        async with anyio.create_task_group() as tasks:
+            beside = starts.render("tiny", TINY)
+            tasks.start_soon(starts.render("big", BIG, then=lambda: tasks.start_soon(beside)))
+        assert renderer.trims == 1 and renderer.started == 2
+    assert starts.seen == [("big", [BIG_MB]), ("tiny", [BIG_MB])]

@@ -7,7 +7,10 @@ ends. Admission is first come, first served: a photo that does not fit waits, an
 photo that asks after it waits behind it even when it would fit, so a large photo is never
 overtaken for ever by small ones. Interactive photos go ahead of waiting bulk ones (as they
 do for slots), in their own arrival order. A photo larger than the whole budget asks for all
-of it: it renders alone, never refused for its size.
+of it: it renders alone, never refused for its size. A tiny photo (estimated at most
+OUTSIDE_MB) renders outside the budget: it neither waits nor counts, so small thumbnails and
+icons keep flowing beside a photo that holds it all; what it adds is within the variation of
+a render process's idle size.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
+
+# A 64×48 PNG's render adds about 4 MB, a 0.2 MP photo's 4–6 MB (image/footprint.py)
+OUTSIDE_MB = 8
 
 
 @dataclass(eq=False)
@@ -49,13 +55,16 @@ class MemoryBudget:
         return len(self._waiting)
 
     def share(self, estimate_mb: int) -> int:
-        """What a photo estimated at `estimate_mb` takes: over the whole budget, all of it."""
-        return max(0, min(estimate_mb, self.total_mb))
+        """What a photo estimated at `estimate_mb` takes: over the whole budget, all of it;
+        none for a tiny photo."""
+        return 0 if estimate_mb <= OUTSIDE_MB else min(estimate_mb, self.total_mb)
 
     async def take(self, estimate_mb: int, interactive: bool = False) -> int:
         """Wait until the photo's share fits, then count it; returns the share to give back.
         Cancelled while waiting, it takes nothing (and if admitted meanwhile, gives it back)."""
         mb = self.share(estimate_mb)
+        if not mb:
+            return 0
         if not self._waiting and self._fits(mb):
             self._count(mb)
             return mb
@@ -75,6 +84,8 @@ class MemoryBudget:
         return mb
 
     def give_back(self, mb: int) -> None:
+        if not mb:
+            return
         self.held_mb.remove(mb)
         self.in_use_mb -= mb
         self.on_use(self.in_use_mb)

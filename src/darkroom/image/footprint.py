@@ -31,9 +31,11 @@ MB_PER_MEGAPIXEL = {
     "heic": 5.0,  # libheif/libde265, the RGB kept in libheif's buffer: 75–76 MB at 12 MP
     "avif": 15.5,  # libheif/dav1d, no shrink-on-load: 48–715 MB from 3 to 48 MP
 }
-# what any render holds whatever its size: the decode's first tiles, the renditions'
-# buffers, the encoders (a 2 MP JPEG: 21–28 MB)
+# What a render of 1 MP or more holds whatever its size: the decode's first tiles, the
+# renditions' buffers, the encoders (a 2 MP JPEG: 21–28 MB). Smaller photos make smaller
+# renditions (never enlarged): from TINY_MB (a 64×48 PNG: 4 MB; 0.2 MP: 4–6 MB) up to it.
 FLOOR_MB = 20
+TINY_MB = 4
 # 16-bit samples: a 16-bit PNG measured 1.2–1.3× its 8-bit copy, up to 1.4× in other runs
 DEEP = 1.4
 
@@ -49,7 +51,8 @@ def estimate_mb(data: bytes) -> int:
         return FLOOR_MB
     width, height, deep = size
     megapixels = width * height / 1e6 * (DEEP if deep else 1.0)
-    return FLOOR_MB + round(MB_PER_MEGAPIXEL[fmt] * megapixels)
+    fixed = TINY_MB + (FLOOR_MB - TINY_MB) * min(megapixels, 1.0)
+    return round(fixed + MB_PER_MEGAPIXEL[fmt] * megapixels)
 
 
 def _size(data: bytes, fmt: str) -> tuple[int, int, bool] | None:

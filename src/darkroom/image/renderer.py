@@ -117,6 +117,8 @@ class _Child:
     conn: Connection
     renders: int = 0
     kind: str = "regular"  # the slot it serves: "regular" or "reserved"
+    trimmed: int = 0  # the pool's _trim_generation when it last returned its kept memory
+    trimming: anyio.Event | None = None  # set when an idle trim's answer came
 
     async def exchange(
         self, request: tuple[bytes, tuple[RenditionSpec, ...], int]
@@ -176,7 +178,8 @@ class RenderPool:
         # alone must not lose threads to it (an upload's render briefly oversubscribes).
         self.vips_threads = vips_threads or vips_threads_for(slots)
         self.started = 0  # processes started, for tests and the benchmark
-        self.trims = 0  # idle processes asked to return their kept memory (_trim_idle)
+        self.trims = 0  # processes asked to return their kept memory (_trimmed)
+        self._trim_generation = 0  # photos that took the whole budget
         self.retired: Counter[str] = Counter()  # why processes ended
         self._free = Slots(slots, reserved)
         # decode memory shared by all slots (image/budget.py); None: as much as all slots use
@@ -247,8 +250,14 @@ class RenderPool:
             if started is not None:
                 started()
             child = self._take_idle(kind) or await self._spawn(kind)
-            if mb >= self.budget.total_mb:  # alone: no other photo takes a process meanwhile
+            if child.trimming is not None:  # the idle trim below, under way: the pipe is its
+                await child.trimming.wait()
+            if mb >= self.budget.total_mb:  # alone: the other processes are to trim first
+                self._trim_generation += 1
+                child.trimmed = self._trim_generation
                 await self._trim_idle()
+            elif child.trimmed < self._trim_generation:
+                child = await self._trimmed(child, kind)
             reply = await self._exchange(child, (data, tuple(specs), self.max_pixels))
             if reply[0] == "died":
                 await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
@@ -276,20 +285,35 @@ class RenderPool:
             self.budget.give_back(mb)
 
     async def _trim_idle(self) -> None:
-        """The idle processes return what they kept for their next photo (renderproc.TRIM):
-        up to keep_mb each, resident beside a decode the budget lets run alone otherwise."""
+        """Each idle process returns what it kept now, staying idle: a render that takes one
+        meanwhile waits for its trim's answer before it sends its photo."""
         for child in list(self._idle):
-            self._idle.remove(child)
-            reply = await self._exchange(child, renderproc.TRIM)  # a cancel kills it
-            if reply[0] == "died":
+            child.trimmed, child.trimming = self._trim_generation, anyio.Event()
+            gone = False
+            try:
+                reply = await self._exchange(child, renderproc.TRIM)  # a cancel kills it
+            finally:
+                child.trimming.set()
+                child.trimming = None
+                # died, or killed by a cancel: out of _idle (a render that took it meanwhile
+                # finds it dead and reaps it itself)
+                gone = child.conn.closed and child in self._idle
+                if gone:
+                    self._idle.remove(child)
+            self.trims += reply[0] != "died"
+            if gone:
                 await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
-                continue
+
+    async def _trimmed(self, child: _Child, kind: str) -> _Child:
+        """The process, once it returned the memory it kept for its next photo (up to keep_mb;
+        renderproc.TRIM): a photo took the whole budget since its last photo, and may still
+        be decoding. A process that died meanwhile is replaced (a new one keeps nothing)."""
+        child.trimmed = self._trim_generation
+        if (await self._exchange(child, renderproc.TRIM))[0] != "died":
             self.trims += 1
-            if self._closed:  # closed meanwhile: it would outlive the pool in _idle
-                child.conn.close()
-                await self._reap(child, "closed", timeout_s=_CLOSE_WAIT_S)
-            else:
-                self._idle.append(child)
+            return child
+        await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
+        return await self._spawn(kind)
 
     def _take_idle(self, kind: str) -> _Child | None:
         for i in range(len(self._idle) - 1, -1, -1):
@@ -345,7 +369,7 @@ class RenderPool:
         finally:
             theirs.close()  # before the wait: a child that dies is then an EOF here
         self.started += 1
-        child = _Child(process, ours, kind=kind)
+        child = _Child(process, ours, kind=kind, trimmed=self._trim_generation)
         try:
             ready = await anyio.to_thread.run_sync(child.ready, limiter=self._threads)
         except BaseException:  # cancelled while it started: not left running

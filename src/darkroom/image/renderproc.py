@@ -31,8 +31,8 @@ MEMORY_MARGIN_MB = 64
 # set: the pool hands it no photo, and counts it warm, before that.
 READY = "ready"
 # Asked instead of a photo: return freed memory to the system now, answered like a photo
-# ("trimmed"). The pool asks its idle processes before a photo that takes the whole memory
-# budget, so what they kept (up to keep_mb each) is not resident beside its decode.
+# ("trimmed"). After a photo took the whole memory budget, the pool asks each other process
+# before its next photo, so what it kept (up to keep_mb) is not resident beside that decode.
 TRIM = "trim"
 # A render process returns its freed memory to the system after a photo only when it holds
 # more than `keep_mb` (DARKROOM_RENDER_KEEP_MB) then, and whenever it had no photo for
