@@ -182,3 +182,17 @@ async def test_a_tiny_photo_renders_beside_one_that_holds_the_whole_budget() -> 
             tasks.start_soon(starts.render("big", BIG, then=lambda: tasks.start_soon(beside)))
         assert renderer.trims == 1 and renderer.started == 2
     assert starts.seen == [("big", [BIG_MB]), ("tiny", [BIG_MB])]
+
+
+async def test_a_process_a_render_took_is_not_trimmed_under_it() -> None:
+    """Three processes: the big photo takes one and trims the idle others one by one; the
+    tiny photo takes one of those meanwhile and trims it itself before its photo. Each pipe
+    carries one exchange at a time: both render, and no process is replaced."""
+    async with pool(3, BIG_MB) as renderer:
+        starts = Starts(renderer)
+        async with anyio.create_task_group() as tasks:
+            beside = starts.render("tiny", TINY)
+            tasks.start_soon(starts.render("big", BIG, then=lambda: tasks.start_soon(beside)))
+        assert renderer.trims == 2
+        assert (renderer.started, sum(renderer.retired.values())) == (3, 0)
+    assert starts.order == ["big", "tiny"]

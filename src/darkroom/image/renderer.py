@@ -288,6 +288,8 @@ class RenderPool:
         """Each idle process returns what it kept now, staying idle: a render that takes one
         meanwhile waits for its trim's answer before it sends its photo."""
         for child in list(self._idle):
+            if child not in self._idle:  # a render took it meanwhile: its pipe is that photo's
+                continue
             child.trimmed, child.trimming = self._trim_generation, anyio.Event()
             gone = False
             try:
