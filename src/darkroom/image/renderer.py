@@ -251,7 +251,8 @@ class RenderPool:
                 started()
             child = self._take_idle(kind) or await self._spawn(kind)
             if child.trimming is not None:  # the idle trim below, under way: the pipe is its
-                await child.trimming.wait()
+                with anyio.CancelScope(shield=True):  # brief; a cancel then ends the render
+                    await child.trimming.wait()
             if mb >= self.budget.total_mb:  # alone: the other processes are to trim first
                 self._trim_generation += 1
                 child.trimmed = self._trim_generation
@@ -291,14 +292,12 @@ class RenderPool:
             if child not in self._idle:  # a render took it meanwhile: its pipe is that photo's
                 continue
             child.trimmed, child.trimming = self._trim_generation, anyio.Event()
-            gone = False
             try:
                 reply = await self._exchange(child, renderproc.TRIM)  # a cancel kills it
             finally:
                 child.trimming.set()
                 child.trimming = None
-                # died, or killed by a cancel: out of _idle (a render that took it meanwhile
-                # finds it dead and reaps it itself)
+                # died or killed: out of _idle (a render that took it reaps it itself)
                 gone = child.conn.closed and child in self._idle
                 if gone:
                     self._idle.remove(child)
@@ -307,9 +306,8 @@ class RenderPool:
                 await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
 
     async def _trimmed(self, child: _Child, kind: str) -> _Child:
-        """The process, once it returned the memory it kept for its next photo (up to keep_mb;
-        renderproc.TRIM): a photo took the whole budget since its last photo, and may still
-        be decoding. A process that died meanwhile is replaced (a new one keeps nothing)."""
+        """The process, once it returned what it kept (a photo took the whole budget since its
+        last photo, and may still be decoding); one that died is replaced."""
         child.trimmed = self._trim_generation
         if (await self._exchange(child, renderproc.TRIM))[0] != "died":
             self.trims += 1
