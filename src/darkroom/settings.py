@@ -116,7 +116,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     render_keep_mb: int = 128
     # Estimated decode memory the render slots share (image/budget.py): a render waits until
     # its photo's estimate fits beside the running ones; a photo larger than all of it
-    # renders alone. 0: RENDER_BUDGET_PER_SLOT_MB × concurrency.
+    # renders alone, a tiny one outside it. 0: RENDER_BUDGET_PER_SLOT_MB × concurrency.
     render_budget_mb: int = 0
     # Sent with every rendition upload: a rendition's key names its content, so it never
     # changes under its URL (see store/keys.py).
