@@ -28,6 +28,7 @@ from darkroom.errors import (
     RenderCrashedError,
 )
 from darkroom.health import Gate
+from darkroom.image.budget import MemoryBudget
 from darkroom.image.pipeline import Facts, Rendered, RenderResult
 from darkroom.jobs import Jobs
 from darkroom.queue.inflight import InFlight
@@ -177,6 +178,7 @@ class StandInRenderer:
 
     def __init__(self, name: str) -> None:
         self.name, self.count = name, itertools.count(1)
+        self.budget = MemoryBudget(1)  # the worker watches it (metrics); nothing waits here
 
     async def render(self, original: bytes, specs: object, **_: Any) -> RenderResult:
         run = RUN.get()

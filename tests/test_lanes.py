@@ -17,7 +17,7 @@ import redis.asyncio
 from darkroom import sweeper
 from darkroom.config.env import from_env
 from darkroom.errors import SettingsError
-from darkroom.image.renderer import REGULAR_NICE, _Slots
+from darkroom.image.slots import REGULAR_NICE, Slots
 from darkroom.queue import admission
 from darkroom.queue.admission import Places, Reads
 from darkroom.queue.lanes import MAX_TENANT_CHARS, entry_tenant
@@ -89,7 +89,7 @@ def test_a_blocking_read_never_asks_for_more_than_the_free_places() -> None:
 
 async def test_an_interactive_render_takes_a_reserved_slot_while_bulk_holds_the_others() -> None:
     """With the one regular slot busy, interactive starts at once; more bulk waits."""
-    slots = _Slots(regular=1, reserved=1)
+    slots = Slots(regular=1, reserved=1)
     assert await slots.acquire(interactive=False) == "regular"
     with anyio.fail_after(1):
         assert await slots.acquire(interactive=True) == "reserved"
@@ -104,7 +104,7 @@ async def test_an_interactive_render_takes_a_reserved_slot_while_bulk_holds_the_
 async def test_with_no_bulk_rendering_interactive_renders_no_more_at_once_than_cores() -> None:
     """Interactive alone renders at most `regular` photos at once, the first on the reserved
     slot; once bulk renders, interactive may use the reserved slot and every free one."""
-    slots = _Slots(regular=2, reserved=1)
+    slots = Slots(regular=2, reserved=1)
     assert [await slots.acquire(interactive=True) for _ in range(2)] == ["reserved", "regular"]
     with anyio.move_on_after(0.2) as waited:
         await slots.acquire(interactive=True)

@@ -92,6 +92,7 @@ class Jobs:
         self.recorder = Recorder(self.pool, self.streams.consumer, self.settings.history)
         self.outcomes = Outcomes(self.settings, self.pool, self.streams, self.recorder)
         self.named_tenants = frozenset(dict(self.settings.tenant_weights))
+        metrics.watch_render_budget(self.renderer.budget)
 
     def _stream(self, entry: Entry) -> Streams:
         """The entry's own lane's stream: its ack, backoff and dead letter happen there."""

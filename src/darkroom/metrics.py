@@ -39,6 +39,17 @@ RENDER_PEAK_RSS_MB = Histogram(
     "Peak resident memory of one render process",
     buckets=(32, 64, 128, 256, 512, 1024, 2048, 4096),
 )
+RENDER_BUDGET_MB = Gauge(
+    "darkroom_render_budget_mb", "Estimated decode memory the render slots share (the budget)"
+)
+RENDER_BUDGET_IN_USE_MB = Gauge(
+    "darkroom_render_budget_in_use_mb", "Estimated decode memory of the renders running now"
+)
+RENDER_BUDGET_WAIT_SECONDS = Histogram(
+    "darkroom_render_budget_wait_seconds",
+    "Waits of a photo holding its render slot until its decode memory fit the budget",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
 OUTAGES = Counter("darkroom_outages_total", "Dependency outages seen", ["dependency"])
 REQUEUED = Counter("darkroom_requeued_total", "Photos re-enqueued from Postgres", ["reason"])
 IN_FLIGHT = Gauge("darkroom_in_flight", "Entries being processed by this worker")
@@ -75,6 +86,14 @@ QUEUE_WAIT_SECONDS = Histogram(
     ["lane"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600),
 )
+
+
+def watch_render_budget(budget: Any) -> None:
+    """The render pool's memory budget (image/budget.py, which imports no metrics library)
+    reports its use and its waits here."""
+    RENDER_BUDGET_MB.set(budget.total_mb)
+    budget.on_use = RENDER_BUDGET_IN_USE_MB.set
+    budget.on_wait = RENDER_BUDGET_WAIT_SECONDS.observe
 
 
 def observe_queue_wait(lane: str, enqueued_ms: int) -> float:

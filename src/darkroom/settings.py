@@ -57,6 +57,11 @@ def parse_renditions(text: str) -> tuple[RenditionSpec, ...]:
 
 
 DEFAULT_PROBE_KEY = "renditions/.darkroom-probe"
+# The render budget per regular slot when DARKROOM_RENDER_BUDGET_MB is 0: two 12 MP photos of
+# any format but AVIF fit beside each other (JPEG ~38 MB, HEIC ~81, PNG ~72), a 12 MP AVIF
+# (~210 MB) renders alone; measured to hold a worker at concurrency 2 under 400 MB PSS
+# (docs/performance.md, "A memory budget across render slots").
+RENDER_BUDGET_PER_SLOT_MB = 100
 
 
 def default_consumer() -> str:
@@ -109,6 +114,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # photo; above it, and after 0.5 s without a photo, it returns all freed memory to the
     # system. 0: after every photo. Capped at render_max_rss_mb.
     render_keep_mb: int = 128
+    # Estimated decode memory the render slots share (image/budget.py): a render waits until
+    # its photo's estimate fits beside the running ones; a photo larger than all of it
+    # renders alone, a tiny one outside it. 0: RENDER_BUDGET_PER_SLOT_MB × concurrency.
+    render_budget_mb: int = 0
     # Sent with every rendition upload: a rendition's key names its content, so it never
     # changes under its URL (see store/keys.py).
     cache_control: str = "public, max-age=31536000, immutable"
@@ -156,6 +165,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def in_flight_bound(self) -> int:
         return self.max_in_flight or 2 * self.concurrency
+
+    @property
+    def render_budget_total_mb(self) -> int:
+        return self.render_budget_mb or RENDER_BUDGET_PER_SLOT_MB * self.concurrency
 
     @property
     def interactive_places(self) -> int:

@@ -40,6 +40,7 @@ MINIMUMS: dict[str, float] = {
     "web_snapshot_s": 0.5,  # no setting turns the shared snapshot into a count per request
     "render_max_rss_mb": 64,  # a warm process is about 40 MB: each would be replaced
     "render_keep_mb": 0,  # 0: freed memory goes back after every photo
+    "render_budget_mb": 0,  # 0: RENDER_BUDGET_PER_SLOT_MB per regular slot
     "history_keep_days": 1.0,  # retention deletes whole days, oldest first
     "events_maxlen": 100,  # Redis trims whole stream nodes of 100 entries
     "events_keep_days": 0.01,  # about 15 minutes: a consumer away longer replays nothing
@@ -94,6 +95,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "renders_per_process": _bounded("renders_per_process", int),
     "render_max_rss_mb": _bounded("render_max_rss_mb", int),
     "render_keep_mb": _bounded("render_keep_mb", int),
+    "render_budget_mb": _bounded("render_budget_mb", int),
     "cache_control": convert.header_value,
     "storage_probe_key": convert.probe_key,
     "web_downloads": _bounded("web_downloads", int),

@@ -8,8 +8,11 @@ max_requests), a process is retired after `renders_per_process` photos or when i
 memory after a photo, freed memory returned, passes `max_rss_mb`; it is killed at once on a
 timeout, a cancelled render, a crash or an out-of-memory failure. So `timeout`, `out_of_memory` and
 `render_crashed` still cost only their photo, each process keeps its address-space limit,
-and memory cannot creep: every process is young and bounded. What runs inside a process is
-renderproc.py; the pipe between them, on the worker's side, is pipe.py.
+and memory cannot creep: every process is young and bounded. Across the slots, a render
+starts only when its estimated decode memory fits `DARKROOM_RENDER_BUDGET_MB` beside the
+renders running (budget.py, footprint.py): two very large decodes never run at once. What
+runs inside a process is renderproc.py; the pipe between them, on the worker's side, is
+pipe.py; the free slots are slots.py.
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ from darkroom.errors import (
     RenderOutOfMemoryError,
     RenderTimeoutError,
 )
-from darkroom.image import pipe, renderproc
+from darkroom.image import footprint, pipe, renderproc
+from darkroom.image.budget import MemoryBudget
 from darkroom.image.pipeline import RenderResult
+from darkroom.image.slots import REGULAR_NICE, Slots
 from darkroom.settings import RenditionSpec, Settings
 
 _CLOSE_WAIT_S = 5.0
@@ -103,63 +108,6 @@ def vips_threads_for(slots: int) -> int:
 
 # -- the pool ---------------------------------------------------------------------------------
 
-# With reserved slots, the regular slots' processes run this much nicer: under a full bulk
-# load the CPU goes first to the worker's own loop and to an upload's render.
-REGULAR_NICE = 5
-
-
-@dataclass
-class _Slots:
-    """Free render slots: `regular` for any photo, `reserved` for interactive ones alone.
-    An interactive photo takes a reserved slot first (its process is not the nicer one), so
-    regular ones stay bulk's. While no bulk renders, interactive photos render at most as
-    many at once as there are regular slots (cores): more would each be slower, none
-    sooner, and none of them waits behind bulk."""
-
-    regular: int
-    reserved: int
-    bulk: int = 0  # regular slots held by bulk renders
-    interactive: int = 0  # slots of either kind held by interactive renders
-    _changed: anyio.Event | None = None  # made on first wait: inside the event loop
-
-    def __post_init__(self) -> None:
-        self.regular_total = self.regular
-
-    def _kinds(self, interactive: bool) -> tuple[str, ...]:
-        if not interactive:
-            return ("regular",)
-        if not self.bulk and self.interactive >= self.regular_total:
-            return ()
-        return ("reserved", "regular")
-
-    def _take(self, interactive: bool) -> str | None:
-        for kind in self._kinds(interactive):
-            if getattr(self, kind):
-                setattr(self, kind, getattr(self, kind) - 1)
-                self.bulk += not interactive
-                self.interactive += interactive
-                return kind
-        return None
-
-    async def acquire(self, interactive: bool) -> str:
-        while (kind := self._take(interactive)) is None:
-            self._changed = self._changed or anyio.Event()
-            await self._changed.wait()
-        if not interactive:
-            self._wake()  # an interactive photo waiting may take a reserved slot now
-        return kind
-
-    def release(self, kind: str, interactive: bool) -> None:
-        setattr(self, kind, getattr(self, kind) + 1)
-        self.bulk -= not interactive
-        self.interactive -= interactive
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
-
 
 @dataclass(eq=False)
 class _Child:
@@ -169,6 +117,8 @@ class _Child:
     conn: Connection
     renders: int = 0
     kind: str = "regular"  # the slot it serves: "regular" or "reserved"
+    trimmed: int = 0  # the pool's _trim_generation when it last returned its kept memory
+    trimming: anyio.Event | None = None  # set when an idle trim's answer came
 
     async def exchange(
         self, request: tuple[bytes, tuple[RenditionSpec, ...], int]
@@ -197,7 +147,8 @@ class _Child:
 class RenderPool:
     """`async with RenderPool(...) as pool: await pool.render(data, specs)`.
 
-    At most `slots` renders run at once; a caller waits for a free slot. The pool starts its
+    At most `slots` renders run at once, and only as many as their estimated decode memory
+    fits `budget_mb`; a caller waits for a free slot, then for the budget. The pool starts its
     processes on entry and lazily after a retirement, and closes them all on exit.
     """
 
@@ -213,6 +164,7 @@ class RenderPool:
         keep_mb: int,
         vips_threads: int | None = None,
         reserved: int = 0,
+        budget_mb: int | None = None,
     ) -> None:
         self.slots = slots + reserved  # one warm process per slot, reserved ones included
         self.max_pixels = max_pixels
@@ -226,8 +178,12 @@ class RenderPool:
         # alone must not lose threads to it (an upload's render briefly oversubscribes).
         self.vips_threads = vips_threads or vips_threads_for(slots)
         self.started = 0  # processes started, for tests and the benchmark
+        self.trims = 0  # processes asked to return their kept memory (_trimmed)
+        self._trim_generation = 0  # photos that took the whole budget
         self.retired: Counter[str] = Counter()  # why processes ended
-        self._free = _Slots(slots, reserved)
+        self._free = Slots(slots, reserved)
+        # decode memory shared by all slots (image/budget.py); None: as much as all slots use
+        self.budget = MemoryBudget(budget_mb if budget_mb is not None else 2**31)
         self._nice = {"regular": REGULAR_NICE if reserved else 0, "reserved": 0}
         self._sizes = {"regular": slots, "reserved": reserved}
         self._idle: list[_Child] = []
@@ -245,6 +201,7 @@ class RenderPool:
             max_rss_mb=settings.render_max_rss_mb,
             keep_mb=settings.render_keep_mb,
             reserved=settings.interactive_slots,
+            budget_mb=settings.render_budget_total_mb,
         )
 
     async def __aenter__(self) -> RenderPool:
@@ -286,11 +243,22 @@ class RenderPool:
     ) -> RenderResult:
         """Render in a warm process; raises the render's DarkroomError, or timeout, crash
         and out-of-memory codes. A cancelled render kills and reaps its process.
-        `interactive` may use a reserved slot; `started` is called once a slot is taken."""
-        async with self._slot(interactive) as kind:
+        `interactive` may use a reserved slot. Once it holds a slot, the photo waits until its
+        estimated decode memory fits the budget; `started` is called when it is admitted.
+        Neither wait counts towards `timeout_s`: that bounds the render alone."""
+        async with self._slot(interactive) as kind, self._memory(data, interactive) as mb:
             if started is not None:
                 started()
             child = self._take_idle(kind) or await self._spawn(kind)
+            if child.trimming is not None:  # the idle trim below, under way: the pipe is its
+                with anyio.CancelScope(shield=True):  # brief; a cancel then ends the render
+                    await child.trimming.wait()
+            if mb >= self.budget.total_mb:  # alone: the other processes are to trim first
+                self._trim_generation += 1
+                child.trimmed = self._trim_generation
+                await self._trim_idle()
+            elif child.trimmed < self._trim_generation:
+                child = await self._trimmed(child, kind)
             reply = await self._exchange(child, (data, tuple(specs), self.max_pixels))
             if reply[0] == "died":
                 await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
@@ -308,6 +276,44 @@ class RenderPool:
             yield kind
         finally:
             self._free.release(kind, interactive)
+
+    @contextlib.asynccontextmanager
+    async def _memory(self, data: bytes, interactive: bool) -> AsyncIterator[int]:
+        mb = await self.budget.take(footprint.estimate_mb(data), interactive)
+        try:
+            yield mb
+        finally:
+            self.budget.give_back(mb)
+
+    async def _trim_idle(self) -> None:
+        """Each idle process returns what it kept now, staying idle: a render that takes one
+        meanwhile waits for its trim's answer before it sends its photo."""
+        for child in list(self._idle):
+            if child not in self._idle:  # a render took it meanwhile: its pipe is that photo's
+                continue
+            child.trimmed, child.trimming = self._trim_generation, anyio.Event()
+            try:
+                reply = await self._exchange(child, renderproc.TRIM)  # a cancel kills it
+            finally:
+                child.trimming.set()
+                child.trimming = None
+                # died or killed: out of _idle (a render that took it reaps it itself)
+                gone = child.conn.closed and child in self._idle
+                if gone:
+                    self._idle.remove(child)
+            self.trims += reply[0] != "died"
+            if gone:
+                await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
+
+    async def _trimmed(self, child: _Child, kind: str) -> _Child:
+        """The process, once it returned what it kept (a photo took the whole budget since its
+        last photo, and may still be decoding); one that died is replaced."""
+        child.trimmed = self._trim_generation
+        if (await self._exchange(child, renderproc.TRIM))[0] != "died":
+            self.trims += 1
+            return child
+        await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)
+        return await self._spawn(kind)
 
     def _take_idle(self, kind: str) -> _Child | None:
         for i in range(len(self._idle) - 1, -1, -1):
@@ -363,7 +369,7 @@ class RenderPool:
         finally:
             theirs.close()  # before the wait: a child that dies is then an EOF here
         self.started += 1
-        child = _Child(process, ours, kind=kind)
+        child = _Child(process, ours, kind=kind, trimmed=self._trim_generation)
         try:
             ready = await anyio.to_thread.run_sync(child.ready, limiter=self._threads)
         except BaseException:  # cancelled while it started: not left running

@@ -30,6 +30,10 @@ MEMORY_MARGIN_MB = 64
 # A new render process's first word, once its niceness, arenas, threads and memory limit are
 # set: the pool hands it no photo, and counts it warm, before that.
 READY = "ready"
+# Asked instead of a photo: return freed memory to the system now, answered like a photo
+# ("trimmed"). After a photo took the whole memory budget, the pool asks each other process
+# before its next photo, so what it kept (up to keep_mb) is not resident beside that decode.
+TRIM = "trim"
 # A render process returns its freed memory to the system after a photo only when it holds
 # more than `keep_mb` (DARKROOM_RENDER_KEEP_MB) then, and whenever it had no photo for
 # IDLE_TRIM_S. Not after every photo: under load the next photo reuses the freed heap, and
@@ -87,6 +91,9 @@ def _serve_one(conn: Connection, memory_mb: int, peak_before: int) -> Served | N
     value: Any
     try:
         request = conn.recv()
+        if request == TRIM:
+            _LIBC.malloc_trim(0)
+            return "trimmed", None, _status_mbs("VmHWM", "VmRSS", "VmPeak")
         kind, value = "ok", render(*request)
     except EOFError:
         return None
