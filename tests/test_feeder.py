@@ -71,6 +71,18 @@ def published_per_photo(env: Env) -> Counter[str]:
     return counts
 
 
+def assert_started_without_the_scans(env: Env, ids: list[uuid.UUID]) -> None:
+    """Commit to claim: the median within 1.5 s, none past 3 s. They rule out the 2 s
+    catch-up and the 30 s scan, not a slow turn (bench/intake.py has the figures: 0.5 s)."""
+    rows = env.query(
+        "SELECT extract(epoch FROM j.started_at - p.created_at) AS wait_s"
+        " FROM photos p JOIN photo_jobs j ON j.photo_id = p.id WHERE p.id = ANY($1::uuid[])",
+        ids,
+    )
+    waits = sorted(float(r["wait_s"]) for r in rows)
+    assert len(waits) == len(ids) and waits[len(ids) // 2] < 1.5 and waits[-1] < 3.0, waits
+
+
 def test_a_postgresql_only_row_starts_rendering_within_a_second(file_env: Env) -> None:
     """Rows inserted one by one without any XADD are claimed within 1 s of their commit
     (the median; bench/intake.py has the figures, 0.5 s) and processed; none meets its own
@@ -82,13 +94,7 @@ def test_a_postgresql_only_row_starts_rendering_within_a_second(file_env: Env) -
         ids.append(insert_row(file_env))
         time.sleep(0.3)
     wait_for(lambda: processed(file_env, ids))
-    rows = file_env.query(
-        "SELECT extract(epoch FROM j.started_at - p.created_at) AS wait_s"
-        " FROM photos p JOIN photo_jobs j ON j.photo_id = p.id WHERE p.id = ANY($1::uuid[])",
-        ids,
-    )
-    waits = sorted(float(r["wait_s"]) for r in rows)
-    assert len(waits) == 6 and waits[3] < 1.5 and waits[-1] < 3.0, waits
+    assert_started_without_the_scans(file_env, ids)
 
 
 def test_a_postgresql_only_row_starts_within_a_second_while_events_stream(file_env: Env) -> None:
@@ -118,13 +124,7 @@ def test_a_postgresql_only_row_starts_within_a_second_while_events_stream(file_e
     finally:
         stop.set()
         busy.join()
-    rows = file_env.query(
-        "SELECT extract(epoch FROM j.started_at - p.created_at) AS wait_s"
-        " FROM photos p JOIN photo_jobs j ON j.photo_id = p.id WHERE p.id = ANY($1::uuid[])",
-        ids,
-    )
-    waits = sorted(float(r["wait_s"]) for r in rows)
-    assert len(waits) == 6 and waits[3] < 1.5 and waits[-1] < 3.0, waits
+    assert_started_without_the_scans(file_env, ids)
 
 
 def test_rows_inserted_while_no_worker_ran_are_caught_up(file_env: Env) -> None:
