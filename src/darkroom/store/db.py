@@ -240,8 +240,11 @@ SELECT id, 'process', 'pending', $2 FROM photo
 """
     + REQUEUED_CONFLICT
 )
-# The feeder's batch: REQUEUED_SQL for each (photo, entry) pair, in one statement (every
-# other writer locks one photo: no lock order to keep between them).
+# The feeder's batch: REQUEUED_SQL for each (photo, entry) pair, in one statement. The
+# workers' writers lock one photo each; `rerender --since` locks many, in scan order, so a
+# re-render request over photos the feeder is feeding can deadlock with it: PostgreSQL
+# aborts one (the feeder restarts its tenure, the fed photos may get a duplicate entry
+# answered `busy` or `already`; the operator's command says so and is run again).
 FED_SQL = (
     """
 WITH photo AS (
