@@ -340,3 +340,34 @@ CREATE INDEX IF NOT EXISTS photos_rerender_due_idx ON photos (updated_at, id)
     WHERE enqueued_at IS NULL AND lane = 'interactive'
       AND processing_state = 'processed' AND rerender_requested_at IS NOT NULL;
 -- ---- end of fencing tokens -----------------------------------------------------------------
+
+-- ---- the operator's audit trail ---------------------------------------------------------------
+-- One row per operator action (store/audit.py): who, through what, what, on which
+-- selection, how many, why, and how it ended. Append-only: an action that runs long writes
+-- a row when it starts and another when it ends (same `action_id`), never an update, so the
+-- trail cannot be rewritten by the code that acts; the trigger refuses an UPDATE.
+CREATE TABLE IF NOT EXISTS operator_actions (
+    id        bigserial   PRIMARY KEY,
+    action_id uuid        NOT NULL,
+    at        timestamptz NOT NULL DEFAULT now(),
+    operator  text        NOT NULL CHECK (operator <> ''),
+    via       text        NOT NULL CHECK (via IN ('cli', 'page', 'api')),
+    action    text        NOT NULL,
+    selection jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    count     bigint      CHECK (count >= 0),
+    reason    text,
+    outcome   text        NOT NULL
+        CONSTRAINT operator_actions_outcome_check
+        CHECK (outcome IN ('started', 'done', 'dry_run', 'refused', 'failed', 'interrupted')),
+    detail    jsonb
+);
+CREATE INDEX IF NOT EXISTS operator_actions_at_idx ON operator_actions (at, id);
+CREATE INDEX IF NOT EXISTS operator_actions_action_idx ON operator_actions (action_id);
+CREATE OR REPLACE FUNCTION darkroom_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'operator_actions rows are never updated in place'
+        USING ERRCODE = 'restrict_violation';
+END $$;
+CREATE OR REPLACE TRIGGER operator_actions_append_only BEFORE UPDATE ON operator_actions
+    FOR EACH ROW EXECUTE FUNCTION darkroom_audit_append_only();
+-- ---- end of the audit trail -------------------------------------------------------------------

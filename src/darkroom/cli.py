@@ -27,8 +27,8 @@ from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
 from darkroom.image.cost import cost_of
 from darkroom.image.renderer import isolated
+from darkroom.operate import audit, gc, history, ops, web
 from darkroom.operate import events as events_command
-from darkroom.operate import gc, history, ops, web
 from darkroom.operate.progress import Progress
 from darkroom.queue.messages import task_fields
 from darkroom.queue.streams import Streams
@@ -261,4 +261,5 @@ COMMANDS = {
     "web": web.cmd_web,
     "attempts": history.cmd_attempts,
     "events": events_command.cmd_events,
+    "audit": audit.cmd_audit,
 }

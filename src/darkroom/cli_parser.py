@@ -111,6 +111,10 @@ SUBCOMMANDS = {
         "search the attempt history: every delivery a worker handled, newest first",
         "darkroom attempts --code render_timeout --since 2026-11-30 --limit 20 --json",
     ),
+    "audit": (
+        "the operator's audit trail: who paused, replayed, re-rendered or erased what, and why",
+        "DARKROOM_OPERATOR=alice darkroom audit --since 2026-12-01 --json",
+    ),
     "events": (
         "replay photo events from PostgreSQL in order (--follow: then print new ones)",
         "darkroom events --since 2026-12-01T09:00 --follow --json | jq .type",
@@ -207,7 +211,15 @@ def _events_arguments(events: argparse.ArgumentParser) -> None:
     events.add_argument("--json", action="store_true", help="one CloudEvents JSON per line")
 
 
+def _audit_arguments(audit: argparse.ArgumentParser) -> None:
+    audit.add_argument("--since", type=_timestamp, help="only actions since (ISO 8601, UTC)")
+    audit.add_argument("--action", help="only this action (pause, dlq.replay, gc, ...)")
+    audit.add_argument("--limit", type=int, default=100)
+    audit.add_argument("--json", action="store_true", help="one JSON array")
+
+
 ARGUMENTS = {
+    "audit": _audit_arguments,
     "ingest": _ingest_arguments,
     "enqueue": _enqueue_arguments,
     "retry": _retry_arguments,

@@ -108,6 +108,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     web_host: str = "127.0.0.1"
     web_port: int = 8080
     web_token: str | None = None
+    # Who the command line's operator actions are recorded as (the audit trail); empty: the
+    # login user.
+    operator: str = ""
     renders_per_process: int = 500
     render_max_rss_mb: int = 256
     # A render process at most this resident after a photo keeps what it freed, for the next

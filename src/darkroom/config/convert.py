@@ -107,3 +107,11 @@ def parse_weights(text: str) -> tuple[tuple[str, int], ...]:
             raise ValueError(f"{item!r} is not tenant=weight (a whole number 1..1000)")
         weights[tenant] = int(raw)
     return tuple(weights.items())
+
+
+def operator_name(raw: str) -> str:
+    """A name for the audit trail: printable, at most 200 characters."""
+    name = raw.strip()
+    if not name or len(name) > 200 or not name.isprintable():
+        raise ValueError("must be 1 to 200 printable characters (a person or a service)")
+    return name

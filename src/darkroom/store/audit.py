@@ -1,0 +1,85 @@
+"""The operator's audit trail in PostgreSQL (`operator_actions`): one row per operator action,
+who took it, through what, on which selection, how many photos, why and how it ended; and
+the reads behind `darkroom audit` and the page's audit view. Rows are only inserted: an
+action that runs long writes `started`, then its ending under the same `action_id`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+import msgspec
+
+from darkroom.store.db import Connection, Pool, translated
+
+Via = Literal["cli", "page", "api"]
+Outcome = Literal["started", "done", "dry_run", "refused", "failed", "interrupted"]
+REASON_MAX_CHARS = 2000
+
+
+class Action(msgspec.Struct, frozen=True, kw_only=True):
+    """What the operator asked for: `action` a verb such as `pause`, `dlq.replay` or `gc`;
+    `selection` the scope or query it acts on (JSON-able)."""
+
+    operator: str
+    via: Via
+    action: str
+    selection: dict[str, Any] = msgspec.field(default_factory=dict)
+    reason: str | None = None
+    action_id: uuid.UUID = msgspec.field(default_factory=uuid.uuid4)
+
+
+INSERT_SQL = """
+INSERT INTO operator_actions (action_id, operator, via, action, selection, count, reason,
+                              outcome, detail)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9::jsonb)
+RETURNING id
+"""
+
+
+@translated
+async def record(
+    conn: Pool | Connection,
+    action: Action,
+    outcome: Outcome,
+    count: int | None = None,
+    detail: dict[str, Any] | None = None,
+) -> int:
+    """One row of the trail; pass the transaction's connection so the row commits (or not)
+    with what it records."""
+    reason = action.reason[:REASON_MAX_CHARS] if action.reason else None
+    row_id: int = await conn.fetchval(
+        INSERT_SQL, action.action_id, action.operator, action.via, action.action,
+        json.dumps(action.selection, default=str), count, reason, outcome,
+        None if detail is None else json.dumps(detail, default=str),
+    )  # fmt: skip
+    return row_id
+
+
+# Newest first, keyset by (at, id) on operator_actions_at_idx: a page costs O(limit).
+SINCE_SQL = """
+SELECT id, action_id, at, operator, via, action, selection, count, reason, outcome, detail
+FROM operator_actions
+WHERE at >= coalesce($1, '-infinity'::timestamptz) AND ($2::text IS NULL OR action = $2)
+ORDER BY at DESC, id DESC
+LIMIT $3
+"""
+
+
+@translated
+async def since(
+    pool: Pool, when: datetime | None, limit: int, action: str | None = None
+) -> list[dict[str, Any]]:
+    """Rows at or after `when` (all without), newest first, at most `limit`."""
+    rows = await pool.fetch(SINCE_SQL, when, action, limit)
+    return [_decoded(dict(row)) for row in rows]
+
+
+def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+    for column in ("selection", "detail"):
+        if row[column] is not None:
+            row[column] = json.loads(row[column])
+    return row
