@@ -4,7 +4,7 @@ what, on which selection and how it ended, newest first, one keyset page at a ti
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -17,6 +17,8 @@ from darkroom.store import audit
 
 AUDIT_PAGE_SIZE = 50
 ACTION_MAX_CHARS = 100
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
 
 
 def parse_since(raw: str | None) -> datetime | None:
@@ -30,14 +32,21 @@ def parse_since(raw: str | None) -> datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+def cursor_of(row: dict[str, Any]) -> str:
+    """`before` for the page after this row: its time in microseconds since the epoch and
+    its id (`<us>_<id>`, nothing a URL must escape)."""
+    return f"{(row['at'] - EPOCH) // MICROSECOND}_{row['id']}"
+
+
 def parse_cursor(raw: str | None) -> tuple[datetime, int] | None:
-    """`before`: the last row's time and id, `<iso>_<id>`."""
     if not raw:
         return None
-    at, _, row_id = raw.rpartition("_")
+    at_us, _, row_id = raw.partition("_")
+    if not (at_us.isascii() and at_us.isdigit() and row_id.isascii() and row_id.isdigit()):
+        raise HTTPException(400, "bad page cursor")
     try:
-        return datetime.fromisoformat(at), int(row_id)
-    except ValueError:
+        return EPOCH + int(at_us) * MICROSECOND, int(row_id)
+    except (OverflowError, ValueError):  # past datetime's range; more digits than int() reads
         raise HTTPException(400, "bad page cursor") from None
 
 
@@ -56,7 +65,7 @@ async def audit_page_data(request: Request) -> dict[str, Any]:
     rows = await audit.since(deps(request).pool, since, size + 1, action,
                              parse_cursor(q.get("before")))  # fmt: skip
     more, rows = len(rows) > size, rows[:size]
-    cursor = f"{rows[-1]['at'].isoformat()}_{rows[-1]['id']}" if more else None
+    cursor = cursor_of(rows[-1]) if more else None
     return {"actions": rows, "next": cursor, "limit": size, "action": action,
             "since": since.isoformat() if since else None}  # fmt: skip
 
