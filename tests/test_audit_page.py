@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from playwright.sync_api import Page, expect
 
+from darkroom.operate.web.auth import Auth, _b64
 from tests.conftest import Env
 from tests.test_audit_actions import bad_photos
 from tests.test_web import TOKEN, page, query, start_web
@@ -106,3 +107,21 @@ def test_an_operator_sees_their_named_retry_in_the_trail(file_env: Env, page: Pa
     page.click("form.filters button[type=submit]")
     expect(page.locator("#audit")).to_contain_text("no actions match")
     assert [r["operator"] for r in rows(file_env)] == ["alice"]
+
+
+def test_the_session_carries_the_login_name_signed() -> None:
+    """A session keeps the name given at login (dots and non-ASCII included) under its
+    signature: changing it voids the cookie; a cookie signed before names existed, or a
+    login with no name, acts as `operator`."""
+    auth = Auth("k" * 20)
+    session, cookie = auth.new_session(operator=True, name="Zoë.o'Brien")
+    assert auth.read_session(cookie) == session and session.name == "Zoë.o'Brien"
+    nonce, _, issued, signature = cookie.split(".")
+    forged = f"{nonce}.1~{_b64(b'mallory')}.{issued}.{signature}"
+    assert auth.read_session(forged) is None
+    old_payload = f"{nonce}.1.{issued}"
+    old = auth.read_session(f"{old_payload}.{auth._sign(old_payload)}")
+    assert old is not None and old.operator and old.name == "operator"
+    assert auth.new_session(operator=True, name="  ")[0].name == "operator"
+    assert auth.new_session(operator=True, name="x" * 201)[0].name == "operator"
+    assert auth.new_session(operator=False, name="alice")[0].name == "operator"
