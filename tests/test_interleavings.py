@@ -49,6 +49,7 @@ from tests.interleave import (
     hand,
     install,
 )
+from tests.interleave_audit import AuditRules
 
 # `make test` runs this many schedules (about 3 minutes on 2 cores), `make chaos` ten times
 # as many; DARKROOM_SCHEDULE_SEED replays the run a failure printed.
@@ -69,7 +70,7 @@ TABLES = ("photo_events", "photo_attempts", "photo_jobs", "photos")
 SHM = Path("/dev/shm")  # storage fsyncs every put: on tmpfs that costs nothing
 
 
-class Interleavings(RuleBasedStateMachine):
+class Interleavings(AuditRules, RuleBasedStateMachine):
     rig: Rig  # set by the test on a subclass
 
     def __init__(self) -> None:
@@ -313,7 +314,7 @@ class Interleavings(RuleBasedStateMachine):
         """`darkroom enqueue --rerender`, `retry`, `dlq --replay` (the oldest letter) or
         `gc` an hour later (every object past its grace)."""
         photo_id = self.photos[pick % len(self.photos)]
-        done = self._do(getattr(self, f"_{action}")(photo_id))
+        done = self._do(self._audited(action, getattr(self, f"_{action}")(photo_id)))
         note(f"{action} {photo_id.int if action in ('rerender', 'retry') else ''}: {done}")
 
     async def _rerender(self, photo_id: uuid.UUID) -> str | None:

@@ -27,7 +27,7 @@ from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
 from darkroom.image.cost import cost_of
 from darkroom.image.renderer import isolated
-from darkroom.operate import audit, gc, history, ops, web
+from darkroom.operate import acts, audit, gc, history, ops, web
 from darkroom.operate import events as events_command
 from darkroom.operate.progress import Progress
 from darkroom.queue.messages import task_fields
@@ -131,11 +131,11 @@ def _safe_name(name: str) -> str:
 
 async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
     if args.rerender or args.state or args.since:
-        return await ops.cmd_rerender(settings, args)
+        return await acts.cmd_rerender(settings, args)
     if not args.photo_ids:
         print("darkroom: enqueue needs PHOTO_ID...", file=sys.stderr)
         return 2
-    return await ops.cmd_enqueue(settings, args)
+    return await acts.cmd_enqueue(settings, args)
 
 
 # glibc's mallopt parameter for the number of malloc arenas
@@ -254,9 +254,9 @@ COMMANDS = {
     "run": cmd_run,
     "status": ops.cmd_status,
     "photos": history.cmd_photos,
-    "dlq": ops.cmd_dlq,
-    "retry": ops.cmd_retry,
-    "consumers": ops.cmd_consumers,
+    "dlq": acts.cmd_dlq,
+    "retry": acts.cmd_retry,
+    "consumers": acts.cmd_consumers,
     "gc": gc.cmd_gc,
     "web": web.cmd_web,
     "attempts": history.cmd_attempts,

@@ -148,10 +148,12 @@ def _enqueue_arguments(enqueue: argparse.ArgumentParser) -> None:
     enqueue.add_argument("--since", type=_timestamp, help="with --state processed: processed since")
     # --rerender --since without --lane: bulk (a whole library must not hold up uploads)
     _lane_arguments(enqueue, None)
+    _reason_argument(enqueue)
 
 
 def _retry_arguments(retry: argparse.ArgumentParser) -> None:
     retry.add_argument("photo_ids", nargs="+", type=uuid.UUID)
+    _reason_argument(retry)
 
 
 def _run_arguments(run: argparse.ArgumentParser) -> None:
@@ -169,6 +171,7 @@ def _dlq_arguments(dlq: argparse.ArgumentParser) -> None:
     dlq.add_argument("--dry-run", action="store_true", help="replay: show what would be replayed")
     dlq.add_argument("--json", action="store_true", help="list: one JSON array")
     dlq.add_argument("--rate", type=_rate, help="replay: at most N/s (or N/m)")
+    _reason_argument(dlq)
 
 
 def _photos_arguments(photos: argparse.ArgumentParser) -> None:
@@ -193,6 +196,7 @@ def _consumers_arguments(consumers: argparse.ArgumentParser) -> None:
     consumers.add_argument("action", choices=["prune"])
     consumers.add_argument("--idle", type=int, default=ops.IDLE_BOUND_MS, metavar="MS")
     consumers.add_argument("--dry-run", action="store_true")
+    _reason_argument(consumers)
 
 
 def _gc_arguments(collect: argparse.ArgumentParser) -> None:
@@ -202,6 +206,7 @@ def _gc_arguments(collect: argparse.ArgumentParser) -> None:
         help=f"only objects written this long ago (default {gc.GRACE_S:g}, at least "
         f"{gc.MIN_GRACE_S:g}: a younger one may be an upload about to be published)",
     )  # fmt: skip
+    _reason_argument(collect)
 
 
 def _events_arguments(events: argparse.ArgumentParser) -> None:
@@ -209,6 +214,10 @@ def _events_arguments(events: argparse.ArgumentParser) -> None:
                         help="after this event's id, or from this ISO 8601 time (UTC)")  # fmt: skip
     events.add_argument("--follow", action="store_true", help="keep printing new events")
     events.add_argument("--json", action="store_true", help="one CloudEvents JSON per line")
+
+
+def _reason_argument(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--reason", help="why, for the audit trail (`darkroom audit`)")
 
 
 def _audit_arguments(audit: argparse.ArgumentParser) -> None:

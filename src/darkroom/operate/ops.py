@@ -1,11 +1,11 @@
 """Operator commands and the operations behind them: status, photos, dead letters
-(list/replay), retry and consumer pruning. The command line and the web page share the
-operations here, so both change state the same way."""
+(list/replay), retry, re-enqueue and consumer pruning. The command line (its
+state-changing commands in operate/acts.py) and the web page share the operations here,
+so both change state the same way."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -14,12 +14,11 @@ from typing import Any
 
 import msgspec
 
-from darkroom.operate.progress import Pacer, Progress
 from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.services import services
 from darkroom.settings import Settings, servers
-from darkroom.store import db, duties, intake, publishing, views
+from darkroom.store import db, duties, intake, views
 from darkroom.store import lanes as store_lanes
 
 # What a bulk (re-)enqueue prints instead of an entry id: the feeder enqueues it.
@@ -254,120 +253,6 @@ async def enqueue_again(
     return entry_id
 
 
-def _letter_line(letter: Entry) -> str:
-    f = letter.fields
-    return f"{letter.id}  {f.get('photo_id') or '-':<36}  {f.get('error_code', '?'):<20}"
-
-
-async def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
-    async with services(settings, 1) as (pool, streams):
-        if args.action == "list":
-            return await _list_letters(streams, args)
-        return await _replay_letters(pool, streams, args)
-
-
-async def _list_letters(streams: Streams, args: argparse.Namespace) -> int:
-    letters = [e async for e in dead_letters(streams, args.code, args.limit or 1000)]
-    if args.json:
-        print(msgspec.json.encode([{"id": e.id, **e.fields} for e in letters]).decode())
-        return 0
-    for letter in letters:
-        f = letter.fields
-        print(f"{_letter_line(letter)}  attempts={f.get('attempts')}  {f.get('error', '')[:80]}")
-    print(f"{len(letters)} dead letter(s)", file=sys.stderr)
-    return 0
-
-
-REPLAY_FIELDS = ("photo_id", "error_code", "lane")
-
-
-async def _replay_letters(pool: db.Pool, streams: Streams, args: argparse.Namespace) -> int:
-    # Only what a replay needs, so 100,000 letters stay a few tens of MB.
-    letters = [Entry(e.id, {k: v for k, v in e.fields.items() if k in REPLAY_FIELDS})
-               async for e in dead_letters(streams, args.code, args.limit)]  # fmt: skip
-    verb = "would replay" if args.dry_run else "replayed"
-    progress, pacer = Progress(len(letters), verb, sys.stderr), Pacer(args.rate)
-    skipped = 0
-    for letter in letters:
-        if args.dry_run:
-            progress.advance()
-            progress.line(f"{_letter_line(letter)}  would replay", sys.stdout)
-            continue
-        await pacer.wait()
-        new_id = await replay_letter(pool, streams, letter)
-        if isinstance(new_id, Skipped):
-            skipped += 1
-            progress.line(f"{_letter_line(letter)}  skipped: {new_id.why}", sys.stdout)
-            continue
-        progress.advance()
-        progress.line(f"{_letter_line(letter)}  replayed as {new_id}", sys.stdout)
-    progress.finish(f"{skipped} skipped" if skipped else "")
-    return 0
-
-
-async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
-    """Each photo into its own lane (or `--lane`); exits 1 if a bulk photo was not handed
-    to the feeder (gone or finished: nothing was enqueued for it)."""
-    status = 0
-    async with services(settings, 1) as (pool, streams):
-        await streams.ensure_group()
-        for photo_id in args.photo_ids:
-            sent = await enqueue_again(pool, streams, photo_id, args.lane, args.tenant)
-            if sent is None:
-                print(f"{photo_id}: {NOT_FEEDABLE}", file=sys.stderr)
-                status = 1
-            else:
-                print(sent, flush=True)
-    return status
-
-
-async def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
-    status = 0
-    async with services(settings, 1) as (pool, streams):
-        for photo_id in args.photo_ids:
-            entry_id = await retry_photo(pool, streams, photo_id)
-            if entry_id is None:
-                print(f"{photo_id} is not processing_failed; left alone", file=sys.stderr)
-                status = 1
-            else:
-                print(photo_id, entry_id, flush=True)
-    return status
-
-
-async def cmd_rerender(settings: Settings, args: argparse.Namespace) -> int:
-    """Re-render processed photos in place (after DARKROOM_RENDITIONS changed or an
-    upgrade): mark them, then XADD. They stay published throughout."""
-    if not args.rerender or (args.state is None) != (args.since is None):
-        print("darkroom: use enqueue --rerender PHOTO_ID... and/or --state processed --since "
-              "DATE", file=sys.stderr)  # fmt: skip
-        return 2
-    if not args.photo_ids and args.since is None:
-        print("darkroom: enqueue --rerender needs PHOTO_ID... or --since", file=sys.stderr)
-        return 2
-    async with services(settings, 1) as (pool, streams):
-        await streams.ensure_group()
-        marked = await publishing.request_rerender(pool, list(args.photo_ids), args.since)
-        # a whole library goes through bulk unless told otherwise; named photos keep theirs
-        lane = args.lane or ("bulk" if args.since else None)
-        lost = [p for p in marked if not await _enqueued(pool, streams, p, lane, args.tenant)]
-    left = sorted(set(args.photo_ids) - set(marked))
-    for photo_id in left:
-        print(f"{photo_id} is not processed; left alone", file=sys.stderr)
-    return 1 if left or lost else 0
-
-
-async def _enqueued(
-    pool: db.Pool, streams: Streams, photo_id: uuid.UUID, lane: str | None, tenant: str | None
-) -> bool:
-    """A marked photo re-rendered through its lane: `photo_id entry_id`, or why not."""
-    sent = await enqueue_again(pool, streams, photo_id, lane, tenant)
-    if sent is None:  # deleted since it was marked
-        print(f"{photo_id}: {NOT_FEEDABLE}", file=sys.stderr)
-        return False
-    print(photo_id, sent, flush=True)
-    return True
-
-
 # -- consumers ------------------------------------------------------------------------------
 
 
@@ -379,13 +264,3 @@ async def prune_consumers(streams: Streams, idle_ms: int, dry_run: bool) -> list
     if dry_run:
         return idle
     return [name for name in idle if await streams.remove_consumer_if_idle(name, idle_ms)]
-
-
-async def cmd_consumers(settings: Settings, args: argparse.Namespace) -> int:
-    async with services(settings, 1) as (_, streams):
-        names = await prune_consumers(streams, args.idle, args.dry_run)
-    for name in names:
-        print(f"{name}  {'would remove' if args.dry_run else 'removed'}")
-    verb = "would remove" if args.dry_run else "removed"
-    print(f"{verb} {len(names)} consumer(s) idle over {args.idle} ms", file=sys.stderr)
-    return 0

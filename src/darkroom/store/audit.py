@@ -64,6 +64,7 @@ SINCE_SQL = """
 SELECT id, action_id, at, operator, via, action, selection, count, reason, outcome, detail
 FROM operator_actions
 WHERE at >= coalesce($1, '-infinity'::timestamptz) AND ($2::text IS NULL OR action = $2)
+  AND ($4::timestamptz IS NULL OR (at, id) < ($4, $5::bigint))
 ORDER BY at DESC, id DESC
 LIMIT $3
 """
@@ -71,10 +72,16 @@ LIMIT $3
 
 @translated
 async def since(
-    pool: Pool, when: datetime | None, limit: int, action: str | None = None
+    pool: Pool,
+    when: datetime | None,
+    limit: int,
+    action: str | None = None,
+    before: tuple[datetime, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows at or after `when` (all without), newest first, at most `limit`."""
-    rows = await pool.fetch(SINCE_SQL, when, action, limit)
+    """Rows at or after `when` (all without), newest first, at most `limit`; `before`
+    (a row's `at` and `id`): only rows older than that one, the next page."""
+    at, row_id = before or (None, None)
+    rows = await pool.fetch(SINCE_SQL, when, action, limit, at, row_id)
     return [_decoded(dict(row)) for row in rows]
 
 

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from darkroom.errors import DarkroomError
 from darkroom.operate.finished import Finished
-from darkroom.operate.web import actions, live, pages
+from darkroom.operate.web import actions, live, pages, trail
 from darkroom.operate.web.auth import Auth
 from darkroom.operate.web.downloads import Slots
 from darkroom.operate.web.render import HERE, Deps, on_dependency_error, on_http_error
@@ -193,6 +193,8 @@ ROUTES = [
     Route("/dead-letters", pages.dead_letter_list),
     Route("/api/dead-letters", pages.api_dead_letters),
     Route("/dead-letters/replay", actions.replay, methods=["POST"]),
+    Route("/audit", trail.audit_list),
+    Route("/api/audit", trail.api_audit),
     Route("/login", actions.login_page),
     Route("/login", actions.login, methods=["POST"]),
     Route("/logout", actions.logout, methods=["POST"]),
