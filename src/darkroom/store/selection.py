@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from darkroom.store import db, publishing
+from darkroom.store import db, lanes, publishing
 from darkroom.store.db import Connection, Pool, translated
 from darkroom.store.intake import FEEDABLE, INTAKE_CHANNEL
 
@@ -142,18 +142,29 @@ Act = Callable[[Connection, uuid.UUID], Awaitable[ItemState]]
 
 
 @translated
-async def act_once(
-    pool: Pool, action_id: uuid.UUID, photo_id: uuid.UUID, act: Act
-) -> ItemState | None:
-    """Act on one item's photo, at most once per action: the item leaves `pending` in the
-    transaction that changes the photo. None: another run of the action took it first."""
+async def act_group(
+    pool: Pool, action_id: uuid.UUID, photo_ids: list[uuid.UUID], act: Act
+) -> list[tuple[uuid.UUID, ItemState | None]]:
+    """Act on these items' photos in id order, in one transaction (one commit for the group,
+    a few milliseconds of row locks), each at most once per action: an item leaves
+    `pending` in the transaction that changes its photo. None for an item another run of
+    the action took first."""
+    done: list[tuple[uuid.UUID, ItemState | None]] = []
     async with pool.acquire() as conn, conn.transaction():
-        if await conn.fetchval(TAKE_SQL, action_id, photo_id, "acted") is None:
-            return None
-        outcome = await act(conn, photo_id)
-        if outcome != "acted":
-            await conn.execute(_SET_SQL, action_id, photo_id, outcome)
-        return outcome
+        for photo_id in photo_ids:
+            done.append((photo_id, await _act_once(conn, action_id, photo_id, act)))
+    return done
+
+
+async def _act_once(
+    conn: Connection, action_id: uuid.UUID, photo_id: uuid.UUID, act: Act
+) -> ItemState | None:
+    if await conn.fetchval(TAKE_SQL, action_id, photo_id, "acted") is None:
+        return None
+    outcome = await act(conn, photo_id)
+    if outcome != "acted":
+        await conn.execute(_SET_SQL, action_id, photo_id, outcome)
+    return outcome
 
 
 _SET_SQL = "UPDATE bulk_action_items SET state = $3 WHERE action_id = $1 AND photo_id = $2"
@@ -190,6 +201,21 @@ WITH moved AS (
 )
 SELECT id, CASE WHEN to_feed THEN pg_notify('{INTAKE_CHANNEL}', id::text) END FROM moved
 """
+
+
+def feeding(act: Act, lane: str | None) -> Act:
+    """The act, then, for a photo whose lane (`lane`, else its own) is bulk, the hand-over
+    to the feeder in the same transaction (lanes.to_feeder): nothing is left to do after
+    the commit, so no kill can land between the act and the hand-over. An interactive
+    photo stays `acted`: its XADD follows the commit."""
+
+    async def act_and_feed(conn: Connection, photo_id: uuid.UUID) -> ItemState:
+        outcome = await act(conn, photo_id)
+        if outcome != "acted" or (lane or await lanes.lane_of(conn, photo_id)) != "bulk":
+            return outcome
+        return "sent" if await lanes.to_feeder(conn, photo_id) else outcome
+
+    return act_and_feed
 
 
 def mover(lane: str | None, tenant: str | None) -> Act:
