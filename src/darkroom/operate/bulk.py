@@ -32,6 +32,8 @@ from darkroom.store.selection import Selection
 VERBS = {"retry": "retried", "rerender": "re-render requested", "move": "moved"}
 # The state each verb acts on: a selection naming another is a usage error.
 STATE_OF = {"retry": "processing_failed", "rerender": "processed"}
+# What a run prints of an item that was not acted on (None: another run took it first).
+SAID = {None: "taken by another run", "skipped": "skipped (no longer matches)"}
 BATCH = 500
 # One commit for up to GROUP photos (an fsync each: alone, a commit per photo bounds a run
 # at a few hundred photos a second); a paced run groups what GROUP_S of its rate allows.
@@ -135,11 +137,7 @@ def _groups(ids: list[uuid.UUID], rate_per_s: float | None) -> list[list[uuid.UU
 
 
 def _report(run: Run, progress: Progress, photo_id: uuid.UUID, outcome: str | None) -> None:
-    said = (
-        "taken by another run"
-        if outcome is None
-        else ("skipped (no longer matches)" if outcome == "skipped" else VERBS[run.plan.verb])
-    )
+    said = SAID.get(outcome, VERBS[run.plan.verb])
     progress.advance()
     if run.out is not None:
         progress.line(f"{photo_id}  {said}", run.out)
@@ -198,7 +196,10 @@ async def cmd_select(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     for photo_id in ids:
         print(photo_id)
-    print(total) if args.count else print(f"{total} photo(s) match", file=sys.stderr)
+    if args.count:
+        print(total)
+    else:
+        print(f"{total} photo(s) match", file=sys.stderr)
     return 0
 
 
