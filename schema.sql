@@ -371,3 +371,32 @@ END $$;
 CREATE OR REPLACE TRIGGER operator_actions_append_only BEFORE UPDATE ON operator_actions
     FOR EACH ROW EXECUTE FUNCTION darkroom_audit_append_only();
 -- ---- end of the audit trail -------------------------------------------------------------------
+
+-- ---- bulk actions by query ------------------------------------------------------------------
+-- One row per photo a bulk action (`darkroom bulk retry|rerender|move`, store/selection.py)
+-- selected, inserted when the action starts: the selection frozen as a snapshot of ids, so a
+-- photo that matches later is not added and a rerun walks the same set. `state` moves
+-- pending -> acted (its state change committed, in the same transaction as this row) ->
+-- sent (handed to its lane), or pending -> skipped (it no longer qualified). A row leaves
+-- `pending` only in the transaction that acts on its photo, so a photo is acted on at most
+-- once per action whatever kills the run. Rows of a done action stay with its audit rows.
+CREATE TABLE IF NOT EXISTS bulk_action_items (
+    action_id uuid NOT NULL,
+    photo_id  uuid NOT NULL,
+    state     text NOT NULL DEFAULT 'pending'
+        CONSTRAINT bulk_action_items_state_check
+        CHECK (state IN ('pending', 'acted', 'sent', 'skipped')),
+    acted_at  timestamptz,
+    PRIMARY KEY (action_id, photo_id)
+);
+-- A batch is the next ids still `pending` (or `acted`, still to hand over), keyset by id:
+-- the index holds each state's ids apart, so a batch reads O(batch) entries however many
+-- are done.
+CREATE INDEX IF NOT EXISTS bulk_action_items_state_idx
+    ON bulk_action_items (action_id, state, photo_id);
+-- Selections by tenant (the most common operator scope) read only that tenant's photos,
+-- by state and creation time; by error code photos_code_idx serves, by state alone
+-- photos_state_updated_idx, by processed time photos_processed_at_idx.
+CREATE INDEX IF NOT EXISTS photos_tenant_state_created_idx
+    ON photos (tenant, processing_state, created_at, id);
+-- ---- end of bulk actions --------------------------------------------------------------------

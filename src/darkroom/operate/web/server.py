@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from darkroom.errors import DarkroomError
 from darkroom.operate.finished import Finished
-from darkroom.operate.web import actions, live, pages, trail
+from darkroom.operate.web import actions, live, pages, retry_all, trail
 from darkroom.operate.web.auth import Auth
 from darkroom.operate.web.downloads import Slots
 from darkroom.operate.web.render import HERE, Deps, on_dependency_error, on_http_error
@@ -184,6 +184,8 @@ ROUTES = [
     Route("/api/status", pages.api_status),
     Route("/photos", pages.photos),
     Route("/api/photos", pages.api_photos),
+    Route("/photos/retry-all", retry_all.confirm),
+    Route("/photos/retry-all", retry_all.retry_all, methods=["POST"]),
     Route("/photos/{photo_id:uuid}", pages.photo),
     Route("/api/photos/{photo_id:uuid}", pages.api_photo),
     Route("/photos/{photo_id:uuid}/renditions/{index:int}", pages.rendition),
