@@ -363,6 +363,8 @@ CREATE TABLE IF NOT EXISTS operator_actions (
 );
 CREATE INDEX IF NOT EXISTS operator_actions_at_idx ON operator_actions (at, id);
 CREATE INDEX IF NOT EXISTS operator_actions_action_idx ON operator_actions (action_id);
+-- `darkroom audit --action` and the page's filter: one action's rows newest first, O(limit).
+CREATE INDEX IF NOT EXISTS operator_actions_action_at_idx ON operator_actions (action, at, id);
 CREATE OR REPLACE FUNCTION darkroom_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'operator_actions rows are never updated in place'
