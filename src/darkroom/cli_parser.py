@@ -13,7 +13,7 @@ from pathlib import Path
 
 from darkroom import __version__
 from darkroom.operate import events as events_command
-from darkroom.operate import gc, ops
+from darkroom.operate import gc, ops, pause
 from darkroom.operate.progress import parse_rate
 from darkroom.queue.lanes import parse_lane, parse_tenant
 
@@ -232,6 +232,7 @@ ARGUMENTS = {
     "attempts": _attempts_arguments,
     "events": _events_arguments,
 }
+pause.register(SUBCOMMANDS, ARGUMENTS)
 
 
 def _rate(text: str) -> float:

@@ -33,6 +33,7 @@ GRANTS: tuple[tuple[str, str], ...] = (
     ("photo_events", "SELECT"), ("photo_events", "INSERT"), ("photo_events", "UPDATE"),
     ("photo_events", "DELETE"),
     ("darkroom_duties", "SELECT"), ("darkroom_duties", "INSERT"), ("darkroom_duties", "UPDATE"),
+    ("queue_pauses", "SELECT"),
     ("photo_jobs.id", "USAGE"), ("photo_attempts.id", "USAGE"), ("photo_events.id", "USAGE"),
 )  # fmt: skip
 
