@@ -58,7 +58,8 @@ class Claim:
 # (`generation`): a publish clears the requests up to that generation, no further.
 # An unfinished photo of a paused scope (queue_pauses, in force: `until` against now(); $8
 # the lane of the entry's stream, else the photo's) is left alone: `paused`, nothing
-# counted, nothing written. Read by this statement, a pause committed before it started
+# counted, nothing written; but a claim by the job's own holder (work in progress, its
+# first reply lost) goes on. Read by this statement, a pause committed before it started
 # holds whatever any worker has heard of it.
 CLAIM_SQL = """
 WITH p AS (
@@ -92,7 +93,8 @@ WITH p AS (
            coalesce(prior.lease_token, 0) + 1 AS lease_token,
            p.rerender_generation AS generation
     FROM p LEFT JOIN prior ON true
-    WHERE NOT p.finished AND NOT coalesce(prior.held, false) AND NOT (SELECT held FROM paused)
+    WHERE NOT p.finished AND NOT coalesce(prior.held, false)
+      AND (NOT (SELECT held FROM paused) OR coalesce(prior.own, false))
 ), job AS (
     INSERT INTO photo_jobs AS j (id, photo_id, type, state, attempt, run_offset, stream_entry,
                                  consumer, holder, lease_until, started_at, lease_token,
@@ -140,7 +142,7 @@ SELECT p.original_key, p.finished, p.processing_state, job.run_attempt, job.leas
        NOT next.own AND next.attempt - next.run_offset > $6 AS over_cap, prior.held,
        prior.stream_entry, prior.consumer, prior.error_code, prior.last_error,
        coalesce((SELECT id FROM attempt_row), (SELECT id FROM own_row)) AS attempt_row,
-       (SELECT held FROM paused) AS paused
+       (SELECT held FROM paused) AND NOT coalesce(prior.own, false) AS paused
 FROM p LEFT JOIN job ON true LEFT JOIN prior ON true LEFT JOIN next ON true
 """
 
