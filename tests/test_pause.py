@@ -20,13 +20,16 @@ QUICK = {"DARKROOM_CLAIM_IDLE_MS": "2000", "DARKROOM_OPERATOR": "alice"}
 
 
 def all_processed(env: Env, ids: list[uuid.UUID], proc: subprocess.Popen[str]) -> None:
-    sql = (f"{PROCESSED} (WHERE processing_state = 'processed') = cardinality($1::uuid[])")
+    sql = f"{PROCESSED} (WHERE processing_state = 'processed') = cardinality($1::uuid[])"
     wait_for(env, sql, ids, proc=proc)
 
 
 def attempts(env: Env, ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
-    rows = env.query("SELECT p.id, coalesce(j.attempt, 0) AS attempt FROM photos p LEFT JOIN"
-                     " photo_jobs j ON j.photo_id = p.id WHERE p.id = ANY($1::uuid[])", ids)  # fmt: skip
+    rows = env.query(
+        "SELECT p.id, coalesce(j.attempt, 0) AS attempt FROM photos p LEFT JOIN photo_jobs j"
+        " ON j.photo_id = p.id WHERE p.id = ANY($1::uuid[])",
+        ids,
+    )
     return {r["id"]: r["attempt"] for r in rows}
 
 

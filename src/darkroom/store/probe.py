@@ -51,6 +51,13 @@ ORDER BY g.n
 
 
 @translated
+async def ping(pool: Pool) -> None:
+    """The database answers a query (the web process's readiness: it reads, and writes
+    only on an operator's action, which then names its own failure)."""
+    await pool.fetchval("SELECT 1")
+
+
+@translated
 async def check(pool: Pool) -> None:
     """Raise the first thing the worker needs and lacks: `read_only`, `permission_denied`
     (naming each missing grant), `schema_missing` or `schema_mismatch` (naming the
