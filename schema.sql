@@ -390,6 +390,11 @@ CREATE TABLE IF NOT EXISTS queue_pauses (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS queue_pauses_scope_idx
     ON queue_pauses ((coalesce(lane, '')), (coalesce(tenant, '')), (tenant IS NULL));
+-- The autoscaler's per-lane count of unfinished photos no pause holds (deploy/kubernetes/
+-- scaledobject.yaml): one lane's rows only, each tenant's together, so a poll reads at most
+-- its LIMIT of the lane's rows plus those of the tenants paused.
+CREATE INDEX IF NOT EXISTS photos_unfinished_lane_idx ON photos (lane, tenant)
+    WHERE processing_state IN ('uploaded', 'processing');
 -- A database made before the queue events: its check admits them from now on (NOT VALID:
 -- the rows already there are the photo types, no scan needed).
 ALTER TABLE photo_events DROP CONSTRAINT IF EXISTS photo_events_type_check;
