@@ -56,6 +56,30 @@ def test_a_paused_bulk_lane_starts_nothing_while_uploads_run_then_finishes_on_re
     stop(worker)
 
 
+def test_a_pause_while_a_worker_renders_stops_new_claims_from_its_commit(file_env: Env) -> None:
+    """Bulk paused mid-backlog: the photo in progress finishes, no bulk photo is claimed
+    after the pause committed (PostgreSQL's clock), uploads still run, and resume ends it."""
+    bulk = ingest(file_env, BULK_PHOTOS, "--lane", "bulk", "--tenant", "library")
+    worker = file_env.start("run", DARKROOM_CONCURRENCY="1", **QUICK)
+    wait_for(file_env, "SELECT 1 FROM photo_jobs WHERE state = 'active'", proc=worker)
+    file_env.cli("pause", "--lane", "bulk", "--reason", "mid-backlog", **QUICK)
+    [committed] = file_env.query("SELECT now() AS at")
+    uploads = ingest(file_env, [PHOTOS / "4.webp"])
+    all_processed(file_env, uploads, worker)
+    late = file_env.query(
+        "SELECT photo_id FROM photo_jobs j JOIN photos p ON p.id = j.photo_id"
+        " WHERE p.lane = 'bulk' AND j.started_at > $1",
+        committed["at"],
+    )
+    assert not late, f"bulk photos claimed after the pause committed: {late}"
+    left = [p for p, n in attempts(file_env, bulk).items() if n == 0]
+    assert left, "the backlog ran out before the pause: nothing to show"
+    file_env.cli("resume", **QUICK)
+    all_processed(file_env, bulk, worker)
+    assert set(attempts(file_env, bulk).values()) == {1}
+    stop(worker)
+
+
 def test_a_paused_tenant_survives_a_worker_restart_and_a_timed_pause_ends_by_itself(
     file_env: Env,
 ) -> None:
