@@ -74,7 +74,8 @@ class LaneReads:
         if jobs is not None and not reads.bulk and self.in_flight.held("bulk") and lanes:
             return await self._block_refilling_bulk(jobs, reads, lanes, block_ms)
         if not lanes:
-            await self._rest(block_ms)  # every lane with room is paused: wait for a change
+            if reads.lanes():
+                await self._rest(block_ms)  # every lane with room is paused: wait for a change
             return []
         return await self.streams.read_lanes(lanes, block_ms)
 
