@@ -230,7 +230,8 @@ CREATE TABLE IF NOT EXISTS photo_events (
     photo_id     uuid        NOT NULL,
     type         text        NOT NULL CONSTRAINT photo_events_type_check CHECK (type IN (
         'darkroom.photo.published', 'darkroom.photo.failed',
-        'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed')),
+        'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
+        'darkroom.queue.paused', 'darkroom.queue.resumed')),
     data         jsonb       NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
     published_at timestamptz
@@ -402,3 +403,34 @@ CREATE INDEX IF NOT EXISTS bulk_action_items_state_idx
 CREATE INDEX IF NOT EXISTS photos_tenant_state_created_idx
     ON photos (tenant, processing_state, created_at, id);
 -- ---- end of bulk actions --------------------------------------------------------------------
+
+-- ---- pauses: an operator's hold on a lane, a tenant, both or everything ---------------------
+-- One row per paused scope (store/pauses.py); NULL lane: every lane, NULL tenant: every
+-- tenant. A row past `until` is no pause (every reader compares it with now()), so a timed
+-- pause ends by itself with no process to end it. Each claim reads it (leases.CLAIM_SQL):
+-- a photo of a paused scope is not claimed, counting no attempt. Queue events (paused,
+-- resumed) are outbox rows about no photo: their photo_id is the nil UUID.
+CREATE TABLE IF NOT EXISTS queue_pauses (
+    id       bigserial   PRIMARY KEY,
+    lane     text        CHECK (lane IN ('interactive', 'bulk')),
+    tenant   text        CHECK (char_length(tenant) <= 128),
+    operator text        NOT NULL CHECK (operator <> ''),
+    reason   text        NOT NULL CHECK (reason <> ''),
+    since    timestamptz NOT NULL DEFAULT now(),
+    until    timestamptz
+);
+CREATE UNIQUE INDEX IF NOT EXISTS queue_pauses_scope_idx
+    ON queue_pauses ((coalesce(lane, '')), (coalesce(tenant, '')), (tenant IS NULL));
+-- The autoscaler's per-lane count of unfinished photos no pause holds (deploy/kubernetes/
+-- scaledobject.yaml): one lane's rows only, each tenant's together, so a poll reads at most
+-- its LIMIT of the lane's rows plus those of the tenants paused.
+CREATE INDEX IF NOT EXISTS photos_unfinished_lane_idx ON photos (lane, tenant)
+    WHERE processing_state IN ('uploaded', 'processing');
+-- A database made before the queue events: its check admits them from now on (NOT VALID:
+-- the rows already there are the photo types, no scan needed).
+ALTER TABLE photo_events DROP CONSTRAINT IF EXISTS photo_events_type_check;
+ALTER TABLE photo_events ADD CONSTRAINT photo_events_type_check CHECK (type IN (
+    'darkroom.photo.published', 'darkroom.photo.failed',
+    'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
+    'darkroom.queue.paused', 'darkroom.queue.resumed')) NOT VALID;
+-- ---- end of pauses ------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
 from darkroom.image.cost import cost_of
 from darkroom.image.renderer import isolated
-from darkroom.operate import acts, audit, bulk, gc, history, ops, web
+from darkroom.operate import acts, audit, bulk, gc, history, ops, pause, web
 from darkroom.operate import events as events_command
 from darkroom.operate.progress import Progress
 from darkroom.queue.messages import task_fields
@@ -263,4 +263,5 @@ COMMANDS = {
     "events": events_command.cmd_events,
     "audit": audit.cmd_audit,
     **bulk.COMMANDS,
+    **pause.COMMANDS,
 }

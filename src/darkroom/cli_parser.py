@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from darkroom import __version__
-from darkroom.operate import bulk, gc, ops
+from darkroom.operate import bulk, gc, ops, pause
 from darkroom.operate import events as events_command
 from darkroom.operate.progress import parse_rate
 from darkroom.queue.lanes import parse_lane, parse_tenant
@@ -243,6 +243,7 @@ ARGUMENTS = {
     "events": _events_arguments,
     **bulk.ARGUMENTS,
 }
+pause.register(SUBCOMMANDS, ARGUMENTS)
 
 
 def _rate(text: str) -> float:

@@ -49,8 +49,8 @@ RELEASE_DEADLINE_S = 2.0
 
 
 # Outcomes whose entry is not this delivery's to ack: a live owner's (busy), a newer lease's
-# (lease_lost).
-NOT_OURS = frozenset({"busy", "lease_lost"})
+# (lease_lost), a paused scope's (paused: left pending for after the resume).
+NOT_OURS = frozenset({"busy", "lease_lost", "paused"})
 
 
 class LeftPending(Exception):
@@ -104,7 +104,8 @@ class Jobs:
         try:
             outcome = await self._resilient(entry, deliveries)
             metrics.OUTCOMES.labels(outcome).inc()
-            await self.recorder.end(entry, history.Ending(outcome))
+            if outcome != "paused":  # no attempt, and no history row per look while paused
+                await self.recorder.end(entry, history.Ending(outcome))
             bound.info("entry done", outcome=outcome, seconds=round(time.monotonic() - started, 3))
         except LeftPending as left:
             bound.warning(str(left))
@@ -253,7 +254,7 @@ class Jobs:
         cached = self.in_flight.claim_of(entry.id)
         claim = cached or await leases.claim(
             self.pool, photo_id, entry.id, self.streams.consumer, self.lease,
-            self.recorder.lane_of(entry),
+            self.recorder.lane_of(entry), entry.lane,
         )  # fmt: skip
         self.in_flight.claimed(entry.id, claim)
         if cached is None:
@@ -266,6 +267,8 @@ class Jobs:
             return "already"  # a re-render given up, or a photo gone meanwhile
         if claim.outcome == "busy":
             return await self._step_aside(entry, claim)
+        if claim.outcome == "paused":
+            return self._left_paused(entry)
         if claim.outcome == "already" and claim.state == "processing_failed":
             return await self._finish_failure(entry, deliveries, claim)
         return claim.outcome
@@ -302,6 +305,14 @@ class Jobs:
         log.info("job held by a live worker; stepped aside", entry_id=entry.id,
                  owner=claim.owner, handed_back=handed)  # fmt: skip
         return "busy"
+
+    def _left_paused(self, entry: Entry) -> str:
+        """Its scope is paused: the entry stays pending, unacked and uncounted, and is
+        reclaimed (by anyone) once idle for DARKROOM_CLAIM_IDLE_MS, when its claim looks at
+        the pauses again; a retry keeps its place the same way."""
+        self.in_flight.settle(entry.id)
+        log.info("scope paused; entry left pending", entry_id=entry.id)
+        return "paused"
 
     async def _finish_failure(self, entry: Entry, deliveries: int, claim: leases.Claim) -> str:
         """The failure of this very entry was committed but its dead letter never written

@@ -14,11 +14,12 @@ from typing import Any
 
 import msgspec
 
+from darkroom.operate import pause
 from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.services import services
 from darkroom.settings import Settings, servers
-from darkroom.store import db, duties, intake, views
+from darkroom.store import db, duties, intake, pauses, views
 from darkroom.store import lanes as store_lanes
 
 # What a bulk (re-)enqueue prints instead of an entry id: the feeder enqueues it.
@@ -55,7 +56,8 @@ async def status_report(pool: db.Pool, streams: Streams) -> dict[str, Any]:
     by_state, failures, estimated = await views.counts(pool)
     report = {**await streams.status(), "photos": by_state, "failures": failures,
               "photos_estimated": estimated,
-              "duties": await duties.holders(pool), "leased": await views.leased(pool)}  # fmt: skip
+              "duties": await duties.holders(pool), "leased": await views.leased(pool),
+              "pauses": await pauses.active(pool)}  # fmt: skip
     mark_idle(report["consumers"])
     for lane in report["lanes"].values():
         lane["oldest_wait_s"] = oldest_wait_s(lane["oldest_entry_ms"], time.time())
@@ -91,8 +93,11 @@ def _format_status(report: dict[str, Any]) -> str:
         f"dead letters  {report['dead_letter_stream']}  length={report['dead_letters']}",
         "lanes",
         *(f"  {lane:<12} {v['stream']}  length={v['length']}  lag={v['lag']}  "
-          f"pending={v['pending']}  oldest_wait_s={v.get('oldest_wait_s')}"
+          f"pending={v['pending']}  oldest_wait_s={_or_dash(v.get('oldest_wait_s'))}"
           for lane, v in report.get("lanes", {}).items()),
+        "paused (no new photo of these scopes starts; in progress finish)",
+        *(f"  {pause.describe(p)}" for p in report.get("pauses", [])),
+        *([] if report.get("pauses") else ["  nothing"]),
         "consumers",
         *(f"  {c['name']:<40} pending={c['pending']:<6} idle_ms={c['idle_ms']}"
           + (stale if c["idle_past_bound"] else "") for c in report["consumers"]),
@@ -106,6 +111,11 @@ def _format_status(report: dict[str, Any]) -> str:
         *(f"  {code:<20} {n}" for code, n in report["failures"].items()),
     ]  # fmt: skip
     return "\n".join(lines)
+
+
+def _or_dash(value: object) -> str:
+    """A missing number as the page shows it: a dash, never `None`."""
+    return "-" if value is None else str(value)
 
 
 def _duty_line(duty: dict[str, Any]) -> str:

@@ -66,6 +66,7 @@ class Scheduler:
         self._tenants: dict[str, _Tenant] = {}
         self._ring: deque[str] = deque()
         self._parked: set[str] = set()
+        self._held: frozenset[str] = frozenset()  # paused tenants: parked, as if capped
 
     def __len__(self) -> int:
         """Backlogged tenants known (in the ring or parked at their cap)."""
@@ -111,6 +112,18 @@ class Scheduler:
             self._parked.discard(tenant)
             self._enter(tenant)
 
+    def hold(self, tenants: frozenset[str]) -> None:
+        """The paused tenants: none of their photos starts (they keep no credit while held,
+        as a capped tenant), and those no longer paused rejoin the ring's tail."""
+        if tenants == self._held:
+            return
+        self._held = tenants
+        for tenant in [t for t in self._ring if t in tenants]:
+            self._ring.remove(tenant)
+            self._tenants[tenant].deficit = min(self._tenants[tenant].deficit, 0)
+            self._parked.add(tenant)
+        self.settle(self.in_flight)
+
     def _start(self, tenant: str, state: _Tenant) -> Pending:
         photo = state.loaded.popleft()
         state.deficit -= photo.charge
@@ -133,4 +146,6 @@ class Scheduler:
         self._ring.append(tenant)
 
     def _capped(self, tenant: str) -> bool:
+        if tenant in self._held:
+            return True
         return bool(self.max_in_flight) and self.in_flight.get(tenant, 0) >= self.max_in_flight

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from darkroom.errors import DarkroomError
 from darkroom.operate.finished import Finished
-from darkroom.operate.web import actions, live, pages, retry_all, trail
+from darkroom.operate.web import actions, live, pages, pausing, retry_all, trail
 from darkroom.operate.web.auth import Auth
 from darkroom.operate.web.downloads import Slots
 from darkroom.operate.web.render import HERE, Deps, on_dependency_error, on_http_error
@@ -197,11 +197,14 @@ ROUTES = [
     Route("/dead-letters/replay", actions.replay, methods=["POST"]),
     Route("/audit", trail.audit_list),
     Route("/api/audit", trail.api_audit),
+    Route("/pauses", pausing.pause, methods=["POST"]),
+    Route("/pauses/resume", pausing.resume, methods=["POST"]),
     Route("/login", actions.login_page),
     Route("/login", actions.login, methods=["POST"]),
     Route("/logout", actions.logout, methods=["POST"]),
     Route("/metrics", pages.queue_metrics),
     Route("/livez", pages.livez),
+    Route("/readyz", pages.readyz),
     Route("/live", live.live),
     Route("/favicon.ico", pages.favicon),
     Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
