@@ -371,3 +371,8 @@ END $$;
 CREATE OR REPLACE TRIGGER operator_actions_append_only BEFORE UPDATE ON operator_actions
     FOR EACH ROW EXECUTE FUNCTION darkroom_audit_append_only();
 -- ---- end of the audit trail -------------------------------------------------------------------
+
+-- W3C trace context of the photo (docs/tracing.md): filled by a PostgreSQL-only producer, or
+-- by the first claim from its entry's `traceparent` field (never overwritten), so the feeder,
+-- the sweep and a replay put it on every later entry: one photo, one trace. NULL: untraced.
+ALTER TABLE photos ADD COLUMN IF NOT EXISTS traceparent text;

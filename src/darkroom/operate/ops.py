@@ -14,8 +14,9 @@ from typing import Any
 
 import msgspec
 
+from darkroom import tracing
 from darkroom.operate.progress import Pacer, Progress
-from darkroom.queue.messages import Entry, task_fields
+from darkroom.queue.messages import TRACE_FIELDS, Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.services import services
 from darkroom.settings import Settings, servers
@@ -204,7 +205,8 @@ async def replay_letter(pool: db.Pool, streams: Streams, letter: Entry) -> str |
         return NOT_FAILED
     if letter.fields.get("lane") == "bulk":
         return await _replay_to_feeder(pool, streams, letter.id, photo_id)
-    new_id = await streams.for_lane("interactive").replay_once(letter.id, task_fields(photo_id))
+    fields = task_fields(photo_id, letter.fields)  # the letter kept the entry's trace context
+    new_id = await streams.for_lane("interactive").replay_once(letter.id, fields)
     if new_id is None:
         return TAKEN
     await db.record_requeued(pool, photo_id, new_id)
@@ -238,18 +240,22 @@ async def enqueue_again(
     photo_id: uuid.UUID,
     lane: str | None = None,
     tenant: str | None = None,
+    carried: dict[str, str] | None = None,
 ) -> str | None:
     """Into the photo's own lane, or into `lane` (recorded in its row, with `tenant`).
     Interactive: XADD and remember the entry it now goes through (the sweeper and the
     owning-entry guards read it), the new entry id; bulk: to the feeder, FED, or None when
     the feeder does not take it (the photo is gone or finished): nothing was enqueued,
-    and its lane and tenant are as they were."""
+    and its lane and tenant are as they were. The entry carries the photo's trace context
+    (its row's), else `carried` (the enqueue's own producer span)."""
     if (lane or await store_lanes.lane_of(pool, photo_id)) == "bulk":
         return FED if await store_lanes.to_feeder(pool, photo_id, tenant) else None
     if lane is not None or tenant is not None:
         await store_lanes.set_lane(pool, photo_id, lane, tenant)
     await intake.prepare_jobs(pool, [photo_id])  # before the XADD, as the sweep does
-    entry_id = await streams.for_lane("interactive").enqueue(task_fields(photo_id))
+    traced = await intake.traceparents(pool, [photo_id])
+    context = {"traceparent": traced[photo_id]} if photo_id in traced else carried
+    entry_id = await streams.for_lane("interactive").enqueue(task_fields(photo_id, context))
     await db.record_requeued(pool, photo_id, entry_id)
     return entry_id
 
@@ -278,7 +284,7 @@ async def _list_letters(streams: Streams, args: argparse.Namespace) -> int:
     return 0
 
 
-REPLAY_FIELDS = ("photo_id", "error_code", "lane")
+REPLAY_FIELDS = ("photo_id", "error_code", "lane", *TRACE_FIELDS)
 
 
 async def _replay_letters(pool: db.Pool, streams: Streams, args: argparse.Namespace) -> int:
@@ -312,7 +318,8 @@ async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
     async with services(settings, 1) as (pool, streams):
         await streams.ensure_group()
         for photo_id in args.photo_ids:
-            sent = await enqueue_again(pool, streams, photo_id, args.lane, args.tenant)
+            with tracing.producer("darkroom.enqueue", photo_id=str(photo_id)) as carried:
+                sent = await enqueue_again(pool, streams, photo_id, args.lane, args.tenant, carried)
             if sent is None:
                 print(f"{photo_id}: {NOT_FEEDABLE}", file=sys.stderr)
                 status = 1
