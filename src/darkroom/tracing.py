@@ -17,6 +17,10 @@ from darkroom.queue.messages import TRACE_FIELDS, Entry, enqueued_ms, trace_fiel
 
 # The SDK's tracer once `start` installed it; None: tracing is off.
 _tracer: Any = None
+# The exporter's timeout unless OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT says otherwise: the flush at
+# exit waits this long for a collector that is down (the SDK's 10 s measured 10.8 s), which
+# must fit in the stop's margin past DARKROOM_SHUTDOWN_GRACE_S (compose's is 10 s).
+EXPORT_TIMEOUT_S = 3.0
 # The delivery's own span (`darkroom.process`): its stages set the attempt, outcome and error
 # on it from inside their child spans.
 _delivery: contextvars.ContextVar[Any] = contextvars.ContextVar("darkroom_delivery", default=None)
@@ -52,10 +56,18 @@ def start() -> bool:
     )
     resource = Resource.create({} if named else {"service.name": "darkroom"})
     provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    exporter = OTLPSpanExporter(timeout=None if _timeout_set() else EXPORT_TIMEOUT_S)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("darkroom")
     return True
+
+
+def _timeout_set() -> bool:
+    return any(
+        name in os.environ
+        for name in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+    )
 
 
 def _propagator() -> Any:
