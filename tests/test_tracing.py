@@ -245,6 +245,30 @@ def test_postgres_only_rows_with_a_traceparent_column_join_their_trace_through_t
     }
 
 
+def test_a_dead_letter_replayed_after_the_fix_continues_the_photos_trace(
+    file_env: Env, receiver: Receiver
+) -> None:
+    """The failed delivery and the one after `dlq replay` are both children of the producer."""
+    trace_id, producer_id, carrier = producer_span()
+    photo_id = add_photo(file_env)
+    original = file_env.tmp / "var" / "storage" / "originals" / str(photo_id) / PHOTO.name
+    original.write_bytes(b"not an image at all")
+    xadd(file_env, photo_id, carrier)
+    file_env.cli("run", "--drain", **otel(receiver))
+    [(_, letter)] = file_env.redis.xrange(file_env.dead)
+    assert letter["traceparent"] == carrier["traceparent"]
+    shutil.copy(PHOTO, original)
+    file_env.cli("dlq", "replay")
+    file_env.cli("run", "--drain", **otel(receiver))
+    failed, replayed = sorted(
+        process_spans(receiver, trace_id), key=lambda s: s.attributes["messaging.message.id"]
+    )
+    assert failed.parent_id == replayed.parent_id == producer_id
+    assert failed.attributes["error.type"] == "unsupported_format"
+    assert failed.attributes["darkroom.outcome"] == "failed"
+    assert replayed.attributes["darkroom.outcome"] == "published"
+
+
 def test_ingest_traces_its_photos_when_tracing_is_on(file_env: Env, receiver: Receiver) -> None:
     """`darkroom ingest` makes a producer span per photo; the worker's span is its child."""
     [photo_id] = [
