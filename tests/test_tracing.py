@@ -14,6 +14,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -243,6 +244,22 @@ def test_postgres_only_rows_with_a_traceparent_column_join_their_trace_through_t
     assert {fed.attributes["darkroom.outcome"], taken.attributes["darkroom.outcome"]} == {
         "published"
     }
+
+
+def test_a_photo_whose_entry_was_lost_is_swept_back_into_its_trace(
+    file_env: Env, receiver: Receiver
+) -> None:
+    """A row XADDed long ago whose entry Redis lost: the sweep's entry carries the row's
+    traceparent, so the delivery it brings is still the producer's child."""
+    trace_id, producer_id, carrier = producer_span()
+    long_ago = datetime.now(UTC) - timedelta(seconds=30)
+    add_photo(file_env, traceparent=carrier["traceparent"], enqueued_at=long_ago,
+              last_activity_at=long_ago)  # fmt: skip
+    file_env.redis.xgroup_create(file_env.stream, "darkroom", id="0", mkstream=True)
+    file_env.cli("run", "--drain", DARKROOM_SWEEP_AFTER_S="1", **otel(receiver))
+    [swept] = process_spans(receiver, trace_id)
+    assert swept.parent_id == producer_id
+    assert swept.attributes["darkroom.outcome"] == "published"
 
 
 def test_a_dead_letter_replayed_after_the_fix_continues_the_photos_trace(
