@@ -1,6 +1,7 @@
 """OpenTelemetry traces through the queue, from real worker processes to a loopback OTLP/HTTP
 receiver that decodes what they export: one trace per photo from its producer's span, across
-a retry, through the bulk feeder and from a PostgreSQL-only row; and no SDK when off."""
+a retry, a reclaim after SIGKILL, the sweep and a dead-letter replay, through the bulk feeder
+and from a PostgreSQL-only row; and no trace SDK loaded when off."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,7 +33,7 @@ from darkroom import tracing
 from darkroom.errors import BadMessageError
 from darkroom.queue.messages import parse_task, received, task_fields, trace_fields
 from tests.conftest import PHOTOS, Env
-from tests.test_recovery import log_lines, wait_for
+from tests.test_recovery import HEIC, kill_mid_photo, log_lines, wait_for
 
 PHOTO = PHOTOS / "4.webp"
 STAGES = {"darkroom.queue_wait", "darkroom.claim", "darkroom.download", "darkroom.render",
@@ -129,17 +131,19 @@ def producer_span() -> tuple[str, str, dict[str, str]]:
     return format_trace_id(context.trace_id), format_span_id(context.span_id), carrier
 
 
-def add_photo(env: Env, lane: str = "interactive", **columns: Any) -> uuid.UUID:
+def add_photo(
+    env: Env, lane: str = "interactive", photo: Path = PHOTO, **columns: Any
+) -> uuid.UUID:
     """A photo as a PostgreSQL-only producer stores it: the original in storage and its row
     (enqueued_at NULL: nobody XADDed it yet)."""
     photo_id = uuid.uuid4()
     folder = env.tmp / "var" / "storage" / "originals" / str(photo_id)
     folder.mkdir(parents=True)
-    shutil.copy(PHOTO, folder / PHOTO.name)
+    shutil.copy(photo, folder / photo.name)
     names = ", ".join(["id", "original_key", "lane", *columns])
     values = ", ".join(f"${n}" for n in range(1, 4 + len(columns)))
     env.query(f"INSERT INTO photos ({names}) VALUES ({values}) RETURNING id", photo_id,
-              f"originals/{photo_id}/{PHOTO.name}", lane, *columns.values())  # fmt: skip
+              f"originals/{photo_id}/{photo.name}", lane, *columns.values())  # fmt: skip
     return photo_id
 
 
@@ -244,6 +248,23 @@ def test_postgres_only_rows_with_a_traceparent_column_join_their_trace_through_t
     assert {fed.attributes["darkroom.outcome"], taken.attributes["darkroom.outcome"]} == {
         "published"
     }
+
+
+def test_a_delivery_reclaimed_after_its_worker_was_killed_stays_in_the_photos_trace(
+    file_env: Env, receiver: Receiver
+) -> None:
+    """SIGKILL mid-photo: the worker that reclaims the entry makes its span in the same
+    trace, the producer's child, as the photo's second delivery and attempt."""
+    trace_id, producer_id, carrier = producer_span()
+    xadd(file_env, add_photo(file_env, photo=HEIC), carrier)
+    settings = {"DARKROOM_CLAIM_IDLE_MS": "1500", **otel(receiver)}
+    kill_mid_photo(file_env, settings)
+    file_env.cli("run", "--drain", **settings)
+    reclaimed = process_spans(receiver, trace_id)[-1]
+    assert reclaimed.parent_id == producer_id
+    assert reclaimed.attributes["darkroom.delivery_count"] == 2
+    assert reclaimed.attributes["darkroom.attempt"] == 2
+    assert reclaimed.attributes["darkroom.outcome"] == "published"
 
 
 def test_a_photo_whose_entry_was_lost_is_swept_back_into_its_trace(
