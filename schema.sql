@@ -434,3 +434,8 @@ ALTER TABLE photo_events ADD CONSTRAINT photo_events_type_check CHECK (type IN (
     'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
     'darkroom.queue.paused', 'darkroom.queue.resumed')) NOT VALID;
 -- ---- end of pauses ------------------------------------------------------------------------
+
+-- W3C trace context of the photo (docs/tracing.md): filled by a PostgreSQL-only producer, or
+-- by the first claim from its entry's `traceparent` field (never overwritten), so the feeder,
+-- the sweep and a replay put it on every later entry: one photo, one trace. NULL: untraced.
+ALTER TABLE photos ADD COLUMN IF NOT EXISTS traceparent text;

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import structlog
 
-from darkroom import metrics
+from darkroom import metrics, tracing
 from darkroom.cli_parser import build_parser
 from darkroom.config.env import from_env
 from darkroom.errors import DarkroomError, SettingsError, first_error
@@ -54,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(redact(f"darkroom: invalid setting {exc}"), file=sys.stderr)
         return 2
     _configure_logging(settings)
+    if args.command in TRACED:
+        tracing.start()  # a no-op unless an OTLP endpoint is set (docs/tracing.md)
     try:
         try:
             command = COMMANDS[args.command]
@@ -80,6 +82,7 @@ def _configure_logging(settings: Settings) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            tracing.log_ids,
             _mask_passwords,
             renderer,
         ],
@@ -115,9 +118,11 @@ async def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
             data = await anyio.Path(path).read_bytes()
             await storage.put(key, data, "application/octet-stream")
             cost = await anyio.to_thread.run_sync(cost_of, data)
-            await store_lanes.insert_photo(pool, photo_id, key, args.lane, tenant, cost)
-            if args.lane == "interactive":  # bulk: the feeder XADDs it
-                await streams.enqueue(task_fields(photo_id))
+            with tracing.producer("darkroom.ingest", photo_id=str(photo_id), lane=args.lane) as tc:
+                parent = tc.get("traceparent")
+                await store_lanes.insert_photo(pool, photo_id, key, args.lane, tenant, cost, parent)
+                if args.lane == "interactive":  # bulk: the feeder XADDs it
+                    await streams.enqueue(task_fields(photo_id, tc))
             progress.advance()
             progress.line(str(photo_id), sys.stdout)
         progress.finish()
@@ -245,6 +250,9 @@ async def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     print(selfcheck.table(checks))
     return 2 if selfcheck.failures(checks) else 0
 
+
+# The commands that make spans: the worker, and the producers.
+TRACED = frozenset({"run", "ingest", "enqueue"})
 
 COMMANDS = {
     "check": cmd_check,

@@ -30,7 +30,7 @@ from darkroom.errors import DarkroomError
 from darkroom.health import Clock, RealClock
 from darkroom.queue.horizon import Horizon, Mark
 from darkroom.queue.lanes import entry_tenant
-from darkroom.queue.messages import task_fields
+from darkroom.queue.messages import task_fields, trace_fields
 from darkroom.queue.pauses import Paused
 from darkroom.queue.scheduler import Pending, Scheduler
 from darkroom.queue.streams import Streams
@@ -238,7 +238,11 @@ class Feeder:
         if not await intake.prepare_jobs(conn, photo_ids, tenure.fence):
             tenure.lose("write_refused")
             return False
-        entry_ids = await streams.enqueue_many([fields for _, fields in batch])
+        traced = await intake.traceparents(conn, photo_ids)
+        entry_ids = await streams.enqueue_many(
+            [{**fields, **trace_fields({"traceparent": traced.get(photo_id)})}
+             for photo_id, fields in batch]
+        )  # fmt: skip
         await db.record_fed(conn, photo_ids, entry_ids)  # sets enqueued_at
         return True
 

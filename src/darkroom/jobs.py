@@ -21,7 +21,7 @@ import anyio
 import msgspec
 import structlog
 
-from darkroom import metrics
+from darkroom import metrics, tracing
 from darkroom.errors import (
     ERROR_CODES,
     AttemptsExhaustedError,
@@ -35,7 +35,7 @@ from darkroom.image.renderer import RenderPool
 from darkroom.outcomes import Held, Outcomes
 from darkroom.queue import policy
 from darkroom.queue.inflight import InFlight
-from darkroom.queue.messages import Entry, enqueued_ms, parse_task
+from darkroom.queue.messages import Entry, Task, enqueued_ms, parse_task
 from darkroom.queue.streams import Streams
 from darkroom.recorder import Recorder
 from darkroom.settings import Settings
@@ -99,15 +99,22 @@ class Jobs:
         return self.streams.for_lane(entry.lane)
 
     async def handle(self, entry: Entry, deliveries: int) -> None:
+        """One delivery, in its own `darkroom.process` span (docs/tracing.md)."""
+        with tracing.delivery(entry, deliveries, self._stream(entry).stream, self.streams.group):
+            await self._handle(entry, deliveries)
+
+    async def _handle(self, entry: Entry, deliveries: int) -> None:
         started = time.monotonic()
         bound = log.bind(entry_id=entry.id, photo_id=_logged_photo_id(entry), deliveries=deliveries)
         try:
             outcome = await self._resilient(entry, deliveries)
+            tracing.note(outcome=outcome)
             metrics.OUTCOMES.labels(outcome).inc()
             if outcome != "paused":  # no attempt, and no history row per look while paused
                 await self.recorder.end(entry, history.Ending(outcome))
             bound.info("entry done", outcome=outcome, seconds=round(time.monotonic() - started, 3))
         except LeftPending as left:
+            tracing.note(outcome="left_pending")
             bound.warning(str(left))
         except DarkroomError as exc:
             await self._fail(entry, deliveries, exc, bound)
@@ -137,7 +144,8 @@ class Jobs:
             try:
                 outcome = outcome or await self._process(entry, deliveries)
                 if outcome not in NOT_OURS:
-                    await self._stream(entry).ack(entry.id)
+                    with tracing.span("ack"):
+                        await self._stream(entry).ack(entry.id)
                 return outcome
             except DarkroomError as exc:
                 if exc.stage not in DEPENDENCIES or not exc.retryable:
@@ -216,7 +224,7 @@ class Jobs:
         # Once a claim succeeds, PostgreSQL's count rules: a duplicate entry that stepped
         # aside many times while its photo's owner lived has a high delivery count and
         # nothing wrong with it.
-        claim = await self._claim(entry, task.photo_id)
+        claim = await self._claim(entry, task)
         if claim.outcome != "claimed":
             return await self._unclaimed(entry, deliveries, claim)
         with self.recorder.timed(entry, "download"):
@@ -248,17 +256,21 @@ class Jobs:
             await self.outcomes.again(entry, task.photo_id)
         return "published"
 
-    async def _claim(self, entry: Entry, photo_id: uuid.UUID) -> leases.Claim:
+    async def _claim(self, entry: Entry, task: Task) -> leases.Claim:
         """One claim per delivery, however often retried in place (kept with the entry).
-        The job is claimed before any failure is recorded: only its owner may record one."""
+        The job is claimed before any failure is recorded: only its owner may record one.
+        The claim keeps the entry's trace context on a photo without one."""
         cached = self.in_flight.claim_of(entry.id)
-        claim = cached or await leases.claim(
-            self.pool, photo_id, entry.id, self.streams.consumer, self.lease,
-            self.recorder.lane_of(entry), entry.lane,
-        )  # fmt: skip
+        if cached is not None:
+            return cached
+        with tracing.span("claim"):
+            claim = await leases.claim(
+                self.pool, task.photo_id, entry.id, self.streams.consumer, self.lease,
+                self.recorder.lane_of(entry), entry.lane, task.traceparent,
+            )  # fmt: skip
+        tracing.note(attempt=claim.attempt, claim=claim.outcome)
         self.in_flight.claimed(entry.id, claim)
-        if cached is None:
-            self.recorder.begun(entry, claim.history_row)
+        self.recorder.begun(entry, claim.history_row)
         return claim
 
     async def _unclaimed(self, entry: Entry, deliveries: int, claim: leases.Claim) -> str:
@@ -350,6 +362,7 @@ class Jobs:
                         keys=candidates, error_code=exc.code, error=str(exc))  # fmt: skip
 
     async def _fail(self, entry: Entry, deliveries: int, exc: DarkroomError, bound: Any) -> None:
+        tracing.failed(exc.code, str(exc))
         claim = self.in_flight.claim_of(entry.id)
         # the heartbeat leaves a settled entry alone: a late one would cancel its backoff
         self.in_flight.settle(entry.id)

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from darkroom import tracing
 from darkroom.operate import audit
 from darkroom.operate.ops import (
     NOT_FEEDABLE,
@@ -23,14 +24,14 @@ from darkroom.operate.ops import (
     retry_photo,
 )
 from darkroom.operate.progress import Pacer, Progress
-from darkroom.queue.messages import Entry
+from darkroom.queue.messages import TRACE_FIELDS, Entry
 from darkroom.queue.streams import Streams
 from darkroom.services import services
 from darkroom.settings import Settings
 from darkroom.store import db, publishing
 from darkroom.store.audit import Action
 
-REPLAY_FIELDS = ("photo_id", "error_code", "lane")
+REPLAY_FIELDS = ("photo_id", "error_code", "lane", *TRACE_FIELDS)
 
 
 def _letter_line(letter: Entry) -> str:
@@ -118,7 +119,8 @@ async def _enqueue(
 ) -> int:
     async with audit.audited(pool, action, long=False) as tally:
         for photo_id in args.photo_ids:
-            sent = await enqueue_again(pool, streams, photo_id, args.lane, args.tenant)
+            with tracing.producer("darkroom.enqueue", photo_id=str(photo_id)) as carried:
+                sent = await enqueue_again(pool, streams, photo_id, args.lane, args.tenant, carried)
             if sent is None:
                 print(f"{photo_id}: {NOT_FEEDABLE}", file=sys.stderr)
                 tally.detail.setdefault("not_fed", []).append(str(photo_id))

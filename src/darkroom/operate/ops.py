@@ -213,7 +213,8 @@ async def replay_letter(pool: db.Pool, streams: Streams, letter: Entry) -> str |
         return NOT_FAILED
     if letter.fields.get("lane") == "bulk":
         return await _replay_to_feeder(pool, streams, letter.id, photo_id)
-    new_id = await streams.for_lane("interactive").replay_once(letter.id, task_fields(photo_id))
+    fields = task_fields(photo_id, letter.fields)  # the letter kept the entry's trace context
+    new_id = await streams.for_lane("interactive").replay_once(letter.id, fields)
     if new_id is None:
         return TAKEN
     await db.record_requeued(pool, photo_id, new_id)
@@ -247,18 +248,22 @@ async def enqueue_again(
     photo_id: uuid.UUID,
     lane: str | None = None,
     tenant: str | None = None,
+    carried: dict[str, str] | None = None,
 ) -> str | None:
     """Into the photo's own lane, or into `lane` (recorded in its row, with `tenant`).
     Interactive: XADD and remember the entry it now goes through (the sweeper and the
     owning-entry guards read it), the new entry id; bulk: to the feeder, FED, or None when
     the feeder does not take it (the photo is gone or finished): nothing was enqueued,
-    and its lane and tenant are as they were."""
+    and its lane and tenant are as they were. The entry carries the photo's trace context
+    (its row's), else `carried` (the enqueue's own producer span)."""
     if (lane or await store_lanes.lane_of(pool, photo_id)) == "bulk":
         return FED if await store_lanes.to_feeder(pool, photo_id, tenant) else None
     if lane is not None or tenant is not None:
         await store_lanes.set_lane(pool, photo_id, lane, tenant)
     await intake.prepare_jobs(pool, [photo_id])  # before the XADD, as the sweep does
-    entry_id = await streams.for_lane("interactive").enqueue(task_fields(photo_id))
+    traced = await intake.traceparents(pool, [photo_id])
+    context = {"traceparent": traced[photo_id]} if photo_id in traced else carried
+    entry_id = await streams.for_lane("interactive").enqueue(task_fields(photo_id, context))
     await db.record_requeued(pool, photo_id, entry_id)
     return entry_id
 

@@ -121,7 +121,8 @@ WITH p AS (
     RETURNING attempt - run_offset AS run_attempt, lease_token
 ), photo AS (
     UPDATE photos SET processing_state = 'processing', error_code = NULL, updated_at = now(),
-        last_activity_at = now(), enqueued_at = coalesce(photos.enqueued_at, now())
+        last_activity_at = now(), enqueued_at = coalesce(photos.enqueued_at, now()),
+        traceparent = coalesce(photos.traceparent, $9::text)
     FROM p WHERE photos.id = $1 AND p.id = $1 AND NOT p.rerender AND EXISTS (SELECT 1 FROM job)
 ), attempt_row AS (
     -- the delivery's `running` history row, in the claim's own commit ($7: its lane;
@@ -176,12 +177,14 @@ async def claim(
     lease: Lease = NO_LEASE,
     history_lane: str | None = None,
     lane: str | None = None,
+    traceparent: str | None = None,
 ) -> Claim:
     """`history_lane`: write the delivery's `running` history row (with that lane) in the
     same statement when a job is claimed; None writes none. `lane`: the stream the entry
-    came from, which a pause of a lane holds (None: the photo's own lane)."""
+    came from, which a pause of a lane holds (None: the photo's own lane). `traceparent`:
+    the entry's, kept on a photo that has none yet (every later hop carries it)."""
     row = await pool.fetchrow(
-        CLAIM_SQL, photo_id, entry_id, consumer, *lease.args, history_lane, lane
+        CLAIM_SQL, photo_id, entry_id, consumer, *lease.args, history_lane, lane, traceparent
     )
     if row is None:
         return Claim("skipped", photo_id=photo_id)
