@@ -266,8 +266,9 @@ def _for_libheif(
 ) -> tuple[bytes, isobmff.Container]:
     """A HEIF/AVIF file as libheif should read it: the structure checks libheif does not
     make, the pixel budget over every image it will decode (a clap may crop a canvas far
-    larger than what is shown), then the rewrites of heifedit.py."""
-    container = isobmff.check(data)
+    larger than what is shown), then the rewrites of heifedit.py. Transforms it strips are
+    applied here, marked essential or not, as libheif would."""
+    container = isobmff.check(data, essential_transforms=not strip_transforms)
     _check_pixels(*isobmff.largest_image(container), max_pixels)
     return heifedit.for_libheif(data, container, strip_transforms=strip_transforms), container
 
