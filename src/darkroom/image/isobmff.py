@@ -6,7 +6,8 @@ Checked: every top-level box fits in the data; the primary item exists; every it
 reference (`iref`) comes from and goes to an existing item (or entity group), never to
 itself; derived images (`dimg`) form no cycle; a grid references exactly rows × columns
 tiles, each once; in AVIF, transformative properties (`clap`, `irot`, `imir`) are marked
-essential (HEVC HEIF may leave them unmarked: the pipeline applies them). Everything else (and all decoding) is left to libheif.
+essential (HEVC HEIF may leave them unmarked: the pipeline applies them). Everything else
+(and all decoding) is left to libheif.
 """
 
 from __future__ import annotations
