@@ -56,17 +56,21 @@ def boxed(image: pyvips.Image, spec: RenditionSpec) -> pyvips.Image:
 
 
 def focal_point(image: pyvips.Image) -> tuple[float, float]:
-    """Where libvips' attention (edges, skin tones, saturation) is highest, as (x, y) in
-    0..1 of the image: the same analysis a `crop=attention` rendition follows."""
+    """The centre of the square (half the short side) libvips' attention (edges, skin
+    tones, saturation) keeps, as (x, y) in 0..1 of the image. The centre of the window,
+    not attention's raw peak: the peak may sit on a subject's edge, or on the image's edge
+    beside a subject near it, where a client cropping around it would cut the subject."""
     if max(image.width, image.height) > _FOCAL_SIDE:
         image = image.thumbnail_image(_FOCAL_SIDE, height=_FOCAL_SIDE, size="down")
     side = max(1, min(image.width, image.height) // 2)
     _, found = image.smartcrop(
         side, side, interesting="attention", attention_x=True, attention_y=True
     )
-    x = (found["attention_x"] + 0.5) / image.width
-    y = (found["attention_y"] + 0.5) / image.height
-    return round(min(x, 1.0), 4), round(min(y, 1.0), 4)
+    # libvips places its window the same way: centred on the peak, kept inside the image
+    left = min(max(found["attention_x"] - side // 2, 0), image.width - side)
+    top = min(max(found["attention_y"] - side // 2, 0), image.height - side)
+    x, y = (left + side / 2) / image.width, (top + side / 2) / image.height
+    return round(x, 4), round(y, 4)
 
 
 _ROTATIONS = ("d0", "d270", "d180", "d90")  # irot turns anti-clockwise, libvips clockwise
