@@ -15,6 +15,7 @@ import pyvips
 from darkroom.image import pipeline
 from darkroom.settings import DEFAULT_RENDITIONS, parse_renditions
 from tests.conftest import PHOTOS, Env
+from tests.hdrcraft import correlation, map_of, ultra_hdr
 
 BUDGET = 10**8
 BACKGROUNDS = [(40, 70, 110), (30, 30, 30), (90, 120, 60), (120, 90, 70)]
@@ -142,3 +143,16 @@ def test_worker_stores_crops_and_the_focal_point(file_env: Env, tmp_path: Path) 
     assert "crop" not in entries["thumb"]
     subject = Subject(1)
     assert subject.left <= row["focal_x"] * 960 <= subject.left + subject.side
+
+
+def test_cropped_jpeg_box_carries_its_gain_map_cropped_alike() -> None:
+    """An HDR JPEG's centre square keeps the gain map of the same region, not of the left."""
+    data = ultra_hdr((PHOTOS / "Landscape_1.jpg").read_bytes())  # 1800×1200, a 1/4 map
+    specs = parse_renditions("big:600:jpeg,sq:200x200:jpeg:crop=centre")
+    big, square = pipeline.render(data, specs, BUDGET).renditions
+    assert (square.width, square.height) == (200, 200)
+    whole = map_of(big.data).resize(0.5).extract_band(0)  # the 300×200 the square is cut from
+    region = map_of(square.data).extract_band(0)
+    assert (region.width, region.height) == (50, 50)
+    assert correlation(whole.crop(12, 0, 50, 50), region) > 0.9
+    assert correlation(whole.crop(0, 0, 50, 50), region) < 0.7
