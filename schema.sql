@@ -186,6 +186,14 @@ EXCEPTION WHEN duplicate_object THEN NULL;
 END $$;
 -- ---- end of HDR originals -----------------------------------------------------------------
 
+-- ---- focal point --------------------------------------------------------------------------
+-- Where a crop=attention rendition centres its box (libvips attention), as x and y in 0..1
+-- of the upright original, for clients that crop on their own; NULL until (re)rendered.
+ALTER TABLE photos
+    ADD COLUMN IF NOT EXISTS focal_x real CHECK (focal_x BETWEEN 0 AND 1),
+    ADD COLUMN IF NOT EXISTS focal_y real CHECK (focal_y BETWEEN 0 AND 1);
+-- ---- end of focal point -------------------------------------------------------------------
+
 -- ---- attempt history ----------------------------------------------------------------------
 -- One row per delivery that reached a worker (docs/history.md). A claimed delivery's row
 -- is inserted `running` by its claim and finished by its publish, or by one UPDATE when it
@@ -258,7 +266,8 @@ SELECT jsonb_build_object(
                  'lens_model', p.lens_model, 'original_sha256', p.original_sha256,
                  'has_alpha', p.has_alpha, 'frames', p.frames,
                  'source_profile', p.source_profile, 'latitude', p.latitude,
-                 'longitude', p.longitude, 'hdr', p.hdr))
+                 'longitude', p.longitude, 'hdr', p.hdr,
+                 'focal_x', p.focal_x, 'focal_y', p.focal_y))
              || CASE WHEN p.exposure IS NULL OR p.exposure = 'null'::jsonb THEN '{}'::jsonb
                      ELSE jsonb_build_object('exposure', p.exposure) END,
     'thumbhash', p.thumbhash,

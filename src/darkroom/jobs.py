@@ -387,9 +387,10 @@ def _upload_of(photo_id: uuid.UUID, r: Rendered) -> Upload:
 
 
 def _described(r: Rendered, key: str) -> dict[str, Any]:
-    """The rendition as the photo's row lists it."""
-    return {"name": r.name, "format": r.format, "key": key, "width": r.width,
-            "height": r.height, "bytes": len(r.data)}  # fmt: skip
+    """The rendition as the photo's row lists it; a box's `crop` when it was cropped."""
+    described = {"name": r.name, "format": r.format, "key": key, "width": r.width,
+                 "height": r.height, "bytes": len(r.data)}  # fmt: skip
+    return {**described, "crop": r.crop} if r.crop else described
 
 
 def _wait_observer(entry: Entry, deliveries: int) -> Callable[[], object] | None:

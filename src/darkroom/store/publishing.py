@@ -43,7 +43,7 @@ WITH old AS (
         lens_model = $11, exposure = $12::jsonb, original_sha256 = $13, has_alpha = $14,
         frames = $15, source_profile = $16, latitude = $17, longitude = $18,
         thumbhash = $19, dominant_color = $20,
-        hdr = $21,
+        hdr = $21, focal_x = $29, focal_y = $30,
         rerendered_at = CASE WHEN processing_state = 'processed' THEN now()
                              ELSE rerendered_at END,
         rerender_requested_at = CASE WHEN rerender_generation > lease.generation
@@ -144,6 +144,8 @@ async def publish(
         attempt.upload_ms,
         attempt.peak_rss_mb,
         *lease,
+        facts.get("focal_x"),  # $29, $30: after the lease, so no earlier number moves
+        facts.get("focal_y"),
     )
     assert row is not None
     return Published(row["status"], keys.keys_of(row["replaced"]), row["again"])
