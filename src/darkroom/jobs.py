@@ -234,7 +234,7 @@ class Jobs:
                 original, self.settings.renditions, interactive=entry.lane == "interactive",
                 started=_wait_observer(entry, deliveries),
             )  # fmt: skip
-        metrics.RENDER_PEAK_RSS_MB.observe(result.peak_rss_mb)
+        metrics.observe(metrics.RENDER_PEAK_RSS_MB, result.peak_rss_mb)
         self.recorder.attempt(entry).peak_rss_mb = result.peak_rss_mb
         with self.recorder.timed(entry, "upload"):
             renditions = await self._upload(task.photo_id, result)

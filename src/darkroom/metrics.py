@@ -1,7 +1,8 @@
 """Prometheus metrics and the health endpoints, behind one small adapter.
 
-`/metrics` (Prometheus text), `/livez` (the event loop answers) and `/readyz` (the
-worker is taking work) on DARKROOM_METRICS_PORT; 0 turns the server off.
+`/metrics` (Prometheus text, or OpenMetrics with exemplars when the scraper asks), `/livez`
+(the event loop answers) and `/readyz` (the worker is taking work) on DARKROOM_METRICS_PORT;
+0 turns the server off.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
+    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
     generate_latest,
 )
+from prometheus_client.exposition import choose_encoder
 
 OUTCOMES = Counter("darkroom_entries_total", "Stream entries finished, by outcome", ["outcome"])
 FAILURES = Counter("darkroom_failures_total", "Failed attempts, by error code", ["code", "final"])
@@ -93,13 +95,28 @@ def watch_render_budget(budget: Any) -> None:
     reports its use and its waits here."""
     RENDER_BUDGET_MB.set(budget.total_mb)
     budget.on_use = RENDER_BUDGET_IN_USE_MB.set
-    budget.on_wait = RENDER_BUDGET_WAIT_SECONDS.observe
+    budget.on_wait = lambda wait_s: observe(RENDER_BUDGET_WAIT_SECONDS, wait_s)
+
+
+# What gives an observation its exemplar: darkroom.tracing installs it when it starts (this
+# module sits below it, so it is told rather than asks); None while tracing is off.
+_exemplar: Callable[[], dict[str, str] | None] | None = None
+
+
+def exemplars_from(source: Callable[[], dict[str, str] | None]) -> None:
+    global _exemplar
+    _exemplar = source
+
+
+def observe(histogram: Histogram, value: float) -> None:
+    """An observation with the current span's ids as its exemplar when tracing is on."""
+    histogram.observe(value, None if _exemplar is None else _exemplar())
 
 
 def observe_queue_wait(lane: str, enqueued_ms: int) -> float:
     """Observe and return the wait; a Redis clock ahead of ours counts as no wait."""
     wait_s = max(0.0, time.time() - enqueued_ms / 1000)
-    QUEUE_WAIT_SECONDS.labels(lane).observe(wait_s)
+    observe(QUEUE_WAIT_SECONDS.labels(lane), wait_s)
     return wait_s
 
 
@@ -134,7 +151,8 @@ async def serve(port: int, ready: Readiness) -> asyncio.Server:
         try:
             request = await asyncio.wait_for(reader.readline(), 5)
             path = request.split(b" ")[1].decode() if request.count(b" ") >= 2 else "/"
-            status, ctype, body = _route(path, ready)
+            accept = await asyncio.wait_for(_accept_header(reader), 5)
+            status, ctype, body = _route(path, ready, accept)
             head = f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
             writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
             await writer.drain()
@@ -146,9 +164,28 @@ async def serve(port: int, ready: Readiness) -> asyncio.Server:
     return await asyncio.start_server(respond, "0.0.0.0", port)
 
 
-def _route(path: str, ready: Readiness) -> tuple[str, str, bytes]:
+async def _accept_header(reader: asyncio.StreamReader) -> str:
+    """The request's Accept header ("" if none), its other headers read and dropped."""
+    accept = ""
+    for _ in range(_MAX_HEADERS):
+        line = (await reader.readline()).decode("latin-1").strip()
+        if not line:
+            break
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "accept":
+            accept = value.strip()
+    return accept
+
+
+# Enough for any scraper or probe; a client sending more is cut off, not waited for.
+_MAX_HEADERS = 100
+
+
+def _route(path: str, ready: Readiness, accept: str = "") -> tuple[str, str, bytes]:
     if path.startswith("/metrics"):
-        return "200 OK", CONTENT_TYPE_LATEST, generate_latest()
+        # OpenMetrics (with exemplars) only when asked: an old scraper keeps the text format
+        encoder, ctype = choose_encoder(accept)
+        return "200 OK", ctype, encoder(REGISTRY)
     if path.startswith("/livez"):
         return "200 OK", "text/plain", b"ok\n"
     if path.startswith("/readyz"):

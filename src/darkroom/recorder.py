@@ -52,11 +52,13 @@ class Recorder:
         """The stage's time, for the metrics, for the delivery's row (a failed one's too) and
         as a child span of the delivery's trace (darkroom.tracing)."""
         started_s = time.perf_counter()
-        try:
-            with metrics.STAGE_SECONDS.labels(stage).time(), tracing.span(stage):
+        with tracing.span(stage):
+            try:
                 yield
-        finally:
-            self.attempt(entry).add(stage, (time.perf_counter() - started_s) * 1000)
+            finally:  # inside the span: its trace id is the observation's exemplar
+                elapsed_s = time.perf_counter() - started_s
+                metrics.observe(metrics.STAGE_SECONDS.labels(stage), elapsed_s)
+                self.attempt(entry).add(stage, elapsed_s * 1000)
 
     def lane_of(self, entry: Entry) -> str | None:
         """What the claim writes the delivery's `running` row with (its lane), in its own

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
+from darkroom import metrics
 from darkroom.queue.messages import TRACE_FIELDS, Entry, enqueued_ms, trace_fields
 
 # The SDK's tracer once `start` installed it; None: tracing is off.
@@ -60,6 +61,7 @@ def start() -> bool:
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("darkroom")
+    metrics.exemplars_from(exemplar)
     return True
 
 
@@ -187,6 +189,20 @@ def _record(current: Any, code: str, message: str) -> None:
     current.set_attribute("error.type", code)
     current.add_event("exception", {"exception.type": code, "exception.message": message})
     current.set_status(Status(StatusCode.ERROR, f"{code}: {message}"[:500]))
+
+
+def exemplar() -> dict[str, str] | None:
+    """The current sampled span's ids for a histogram's exemplar (an OpenMetrics scrape shows
+    them beside the bucket); None when off or outside a span, so off costs one check."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    if not (context.is_valid and context.trace_flags.sampled):
+        return None
+    ids = format(context.trace_id, "032x"), format(context.span_id, "016x")
+    return {"trace_id": ids[0], "span_id": ids[1]}
 
 
 def log_ids(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:

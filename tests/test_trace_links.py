@@ -1,0 +1,70 @@
+"""Where a trace shows up outside the trace viewer: the exemplars of a traced worker's
+histograms (OpenMetrics, only when the scraper asks), from real worker processes exporting to
+the loopback OTLP receiver of tests/test_tracing.py."""
+
+from __future__ import annotations
+
+import re
+import signal
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+
+from darkroom import metrics
+from tests.conftest import Env, free_port
+from tests.test_recovery import wait_for
+from tests.test_tracing import Receiver, add_photo, otel, producer_span, receiver, xadd
+
+__all__ = ["receiver"]  # the fixture, used by name
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def scrape(port: int, accept: str | None) -> tuple[str, str]:
+    """The worker's /metrics: its content type and body."""
+    headers = {"Accept": accept} if accept else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return response.headers["Content-Type"], response.read().decode()
+
+
+def exemplar_traces(body: str, metric: str) -> set[str]:
+    """The trace ids of the exemplars on a histogram's bucket lines."""
+    lines = [line for line in body.splitlines() if line.startswith(f"{metric}_bucket")]
+    return {m for line in lines for m in re.findall(r'# \{.*trace_id="([0-9a-f]{32})"', line)}
+
+
+def test_a_traced_workers_histograms_carry_its_trace_ids_as_openmetrics_exemplars(
+    file_env: Env, receiver: Receiver
+) -> None:
+    """Scraped with OpenMetrics' Accept header, the stage and queue-wait histograms carry the
+    photo's trace id (the one the receiver got) as exemplars; a scraper that does not ask
+    gets the plain text format, with none."""
+    trace_id, _, carrier = producer_span()
+    photo_id = add_photo(file_env)
+    xadd(file_env, photo_id, carrier)
+    port = free_port()
+    worker = file_env.start("run", DARKROOM_METRICS_PORT=str(port), **otel(receiver))
+    wait_for(file_env, "SELECT 1 FROM photos WHERE id = $1 AND processing_state = 'processed'",
+             photo_id, proc=worker)  # fmt: skip
+    open_type, open_body = scrape(port, OPENMETRICS)
+    plain_type, plain_body = scrape(port, None)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(60) == 0
+    assert open_type.startswith("application/openmetrics-text")
+    assert exemplar_traces(open_body, "darkroom_stage_seconds") == {trace_id}
+    assert exemplar_traces(open_body, "darkroom_queue_wait_seconds") == {trace_id}
+    assert trace_id in {s.trace_id for s in receiver.named("darkroom.render")}
+    assert plain_type.startswith("text/plain") and "trace_id" not in plain_body
+    assert "darkroom_stage_seconds_bucket" in plain_body
+
+
+def test_with_tracing_off_an_observation_has_no_exemplar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tracing off: an OpenMetrics scrape of an observed histogram shows no exemplar."""
+    monkeypatch.setattr(metrics, "_exemplar", None)  # as `tracing.start` leaves it when off
+    registry = CollectorRegistry()
+    histogram = Histogram("darkroom_test_seconds", "test", registry=registry)
+    metrics.observe(histogram, 0.2)
+    body = openmetrics(registry).decode()
+    assert "darkroom_test_seconds_count 1.0" in body and "# {" not in body
