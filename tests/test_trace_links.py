@@ -1,13 +1,17 @@
 """Where a trace shows up outside the trace viewer: the exemplars of a traced worker's
-histograms (OpenMetrics, only when the scraper asks), from real worker processes exporting to
+histograms (OpenMetrics, only when the scraper asks) and the photo page's link to the trace
+viewer (DARKROOM_TRACE_URL), from real worker processes exporting to
 the loopback OTLP receiver of tests/test_tracing.py."""
 
 from __future__ import annotations
 
 import re
 import signal
+import subprocess
+import time
 import urllib.request
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
@@ -68,3 +72,37 @@ def test_with_tracing_off_an_observation_has_no_exemplar(monkeypatch: pytest.Mon
     metrics.observe(histogram, 0.2)
     body = openmetrics(registry).decode()
     assert "darkroom_test_seconds_count 1.0" in body and "# {" not in body
+
+
+def test_the_photo_page_links_a_traced_photo_to_its_trace(file_env: Env) -> None:
+    """With DARKROOM_TRACE_URL set, `darkroom web`'s photo page links the photo to the trace of
+    its `traceparent`; an untraced photo has no link; a template without {trace_id} is
+    refused at start."""
+    trace_id, _, carrier = producer_span()
+    traced = add_photo(file_env, traceparent=carrier["traceparent"])
+    untraced = add_photo(file_env)
+    port = free_port()
+    viewer = "https://traces.example/trace/{trace_id}?from=darkroom"
+    web = file_env.start("web", DARKROOM_WEB_PORT=str(port), DARKROOM_TRACE_URL=viewer)
+    try:
+        traced_page = page_when_up(f"http://127.0.0.1:{port}/photos/{traced}", web)
+        untraced_page = page_when_up(f"http://127.0.0.1:{port}/photos/{untraced}", web)
+    finally:
+        web.send_signal(signal.SIGTERM)
+        web.wait(30)
+    link = viewer.replace("{trace_id}", trace_id).replace("&", "&amp;")
+    assert f'<a href="{link}"' in traced_page and trace_id in traced_page
+    assert "traces.example" not in untraced_page
+    refused = file_env.cli("web", check=False, DARKROOM_TRACE_URL="http://jaeger:16686/trace/")
+    assert refused.returncode == 2 and "DARKROOM_TRACE_URL" in refused.stderr
+
+
+def page_when_up(url: str, proc: subprocess.Popen[str]) -> str:
+    """The page's HTML, once the server answers."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return httpx.get(url, timeout=2).raise_for_status().text
+        except httpx.TransportError:
+            assert proc.poll() is None and time.monotonic() < deadline, "darkroom web did not start"
+            time.sleep(0.1)

@@ -147,6 +147,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     web_host: str = "127.0.0.1"
     web_port: int = 8080
     web_token: str | None = None
+    # The trace viewer's URL of one trace, `{trace_id}` in it (docs/tracing.md): the photo
+    # page links a traced photo to its trace. None: no link, the trace id shown as text.
+    trace_url: str | None = None
     # Who the command line's operator actions are recorded as (the audit trail); empty: the
     # login user.
     operator: str = ""

@@ -32,6 +32,13 @@ def url(*schemes: str) -> Callable[[str], str]:
     return convert
 
 
+def trace_url(raw: str) -> str:
+    """A trace viewer's http(s) URL template; the photo page fills in the trace id."""
+    if urlsplit(raw).scheme not in ("http", "https") or "{trace_id}" not in raw:
+        raise ValueError("must be an http(s) URL containing {trace_id}")
+    return raw
+
+
 def storage_url(raw: str) -> str:
     parts = urlsplit(raw)
     if parts.scheme == "file" and (parts.path or parts.netloc):

@@ -92,6 +92,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "web_host": convert.nonempty,
     "web_port": convert.tcp_port,
     "web_token": convert.token,
+    "trace_url": convert.trace_url,
     "operator": convert.operator_name,
     "renders_per_process": _bounded("renders_per_process", int),
     "render_max_rss_mb": _bounded("render_max_rss_mb", int),

@@ -158,7 +158,7 @@ async def list_photos(pool: Pool, state: str | None, limit: int) -> list[dict[st
 PHOTO_DETAIL_SQL = """
 SELECT p.id, p.original_key, p.processing_state, p.visibility, p.error_code, p.width,
        p.height, p.format, p.bytes, p.renditions::text AS renditions, p.created_at,
-       p.updated_at, p.processed_at,
+       p.updated_at, p.processed_at, p.traceparent,
        j.state AS job_state, coalesce(j.attempt, 0) AS attempt, j.error_code AS job_error_code,
        j.last_error, j.next_retry_at, j.stream_entry, j.consumer, j.started_at, j.finished_at,
        j.updated_at AS job_updated_at

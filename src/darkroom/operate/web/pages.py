@@ -157,7 +157,18 @@ async def report_or_404(request: Request) -> dict[str, Any]:
 
 async def photo(request: Request) -> Response:
     row = await report_or_404(request)
-    return render(request, "photo.html", photo=row, q=request.query_params)
+    trace_id = trace_id_of(row.get("traceparent"))
+    template = deps(request).settings.trace_url
+    link = template.replace("{trace_id}", trace_id) if template and trace_id else None
+    return render(request, "photo.html", photo=row, q=request.query_params, trace_id=trace_id,
+                  trace_link=link)  # fmt: skip
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id of a W3C traceparent (a producer's column may hold anything: None then)."""
+    parts = (traceparent or "").split("-")
+    valid = len(parts) == 4 and re.fullmatch("[0-9a-f]{32}", parts[1]) and set(parts[1]) != {"0"}
+    return parts[1] if valid else None
 
 
 async def api_photo(request: Request) -> Response:
