@@ -50,6 +50,8 @@ class Span:
     attributes: dict[str, Any]
     status: int
     service: str
+    start_ns: int = 0
+    end_ns: int = 0
 
 
 @dataclass
@@ -80,7 +82,8 @@ def _decoded(body: bytes) -> list[Span]:
             for s in ss.spans:
                 attributes = {a.key: _value(a.value) for a in s.attributes}
                 ids = (s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex())
-                spans.append(Span(*ids, s.name, s.kind, attributes, s.status.code, str(service)))
+                spans.append(Span(*ids, s.name, s.kind, attributes, s.status.code, str(service),
+                                  s.start_time_unix_nano, s.end_time_unix_nano))  # fmt: skip
     return spans
 
 

@@ -233,7 +233,9 @@ class Jobs:
             result = await self.renderer.render(
                 original, self.settings.renditions, interactive=entry.lane == "interactive",
                 started=_wait_observer(entry, deliveries),
+                traceparent=tracing.injected().get("traceparent"),
             )  # fmt: skip
+            tracing.rendered(result.stages)
         metrics.observe(metrics.RENDER_PEAK_RSS_MB, result.peak_rss_mb)
         self.recorder.attempt(entry).peak_rss_mb = result.peak_rss_mb
         with self.recorder.timed(entry, "upload"):

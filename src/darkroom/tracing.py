@@ -10,7 +10,7 @@ import contextlib
 import contextvars
 import os
 import time
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from darkroom import metrics
@@ -166,6 +166,18 @@ def span(name: str) -> Iterator[None]:
         except Exception as exc:
             _record(current, getattr(exc, "code", type(exc).__name__), str(exc))
             raise
+
+
+def rendered(stages: Iterable[Any]) -> None:
+    """The render process's own stages (image/stagetimes.py: decode, resize, encode...), timed
+    there on the same wall clock, as children of the current span (the render's)."""
+    if _tracer is None:
+        return
+    for stage in stages:
+        named = {"darkroom.rendition": stage.rendition} if stage.rendition else {}
+        done = _tracer.start_span(f"darkroom.{stage.name}", start_time=stage.start_ns,
+                                  attributes=named)  # fmt: skip
+        done.end(end_time=stage.end_ns)
 
 
 def note(**attributes: Any) -> None:

@@ -33,6 +33,7 @@ from darkroom.image import (
     placeholders,
     tonemap,
 )
+from darkroom.image.stagetimes import OFF, Stage, Stages
 from darkroom.settings import RenditionSpec
 
 # libvips loader classes; unblocking a class unblocks its file/buffer/source variants
@@ -105,6 +106,7 @@ class RenderResult(msgspec.Struct, frozen=True):
     facts: Facts
     renditions: list[Rendered]
     peak_rss_mb: int = 0  # filled in by the render process that made it
+    stages: list[Stage] = msgspec.field(default_factory=list)  # when asked (a traced photo)
 
 
 def configure() -> None:
@@ -142,15 +144,19 @@ def _heif_kind(data: bytes) -> str:
     raise UnsupportedFormatError("ISO-BMFF file that is neither HEIC nor AVIF")
 
 
-def render(data: bytes, specs: Iterable[RenditionSpec], max_pixels: int) -> RenderResult:
+def render(
+    data: bytes, specs: Iterable[RenditionSpec], max_pixels: int, stages: Stages = OFF
+) -> RenderResult:
     """Decode once, cascade every rendition; raises DarkroomError subclasses only."""
     specs = sorted(specs, key=lambda s: s.size, reverse=True)
     fmt = sniff(data)
     try:
-        base, source = _decode(data, fmt, specs, max_pixels)
-        renditions, smallest = _cascade(base, specs)
-        facts = _facts(smallest, source, hashlib.sha256(data).hexdigest())
-        return RenderResult(facts, renditions)
+        with stages.timed("decode"):
+            base, source = _decode(data, fmt, specs, max_pixels)
+        renditions, smallest = _cascade(base, specs, stages)
+        with stages.timed("facts"):
+            facts = _facts(smallest, source, hashlib.sha256(data).hexdigest())
+        return RenderResult(facts, renditions, stages=stages.done or [])
     except DarkroomError:
         raise
     except pyvips.Error as exc:
@@ -347,7 +353,9 @@ def _finish(image: pyvips.Image) -> pyvips.Image:
     return image
 
 
-def _cascade(base: pyvips.Image, specs: list[RenditionSpec]) -> tuple[list[Rendered], pyvips.Image]:
+def _cascade(
+    base: pyvips.Image, specs: list[RenditionSpec], stages: Stages
+) -> tuple[list[Rendered], pyvips.Image]:
     """Every rendition, largest first, each shrunk from the one before; and the last image.
     Renditions of the same pixels (a photo smaller than several boxes is never enlarged)
     and the same format and quality are one encode: identical bytes, their own objects.
@@ -356,22 +364,26 @@ def _cascade(base: pyvips.Image, specs: list[RenditionSpec]) -> tuple[list[Rende
     encoded: dict[tuple[str, int], tuple[bytes, str]] = {}  # of `current`, by format
     for spec in (spec for spec in specs if spec.box is None):
         if max(current.width, current.height) > spec.size:
-            current = current.thumbnail_image(spec.size, height=spec.size, size="down")
-            current = current.copy_memory()
+            with stages.timed("resize", spec.name):
+                current = current.thumbnail_image(spec.size, height=spec.size, size="down")
+                current = current.copy_memory()
             chain, encoded = [*chain, current], {}
         key = (spec.format, spec.quality)
         if key not in encoded:
-            data = _save(current, spec)
+            with stages.timed("encode", spec.name):
+                data = _save(current, spec)
             encoded[key] = data, hashlib.sha256(data).hexdigest()
         data, digest = encoded[key]
         renditions.append(Rendered(spec.name, spec.format, spec.ext, current.width,
                                    current.height, data, digest))  # fmt: skip
-    return renditions + [_boxed(chain, spec) for spec in specs if spec.box], current
+    return renditions + [_boxed(chain, spec, stages) for spec in specs if spec.box], current
 
 
-def _boxed(chain: list[pyvips.Image], spec: RenditionSpec) -> Rendered:
-    image = crops.boxed(crops.source(chain, spec), spec)
-    data = _save(image, spec)
+def _boxed(chain: list[pyvips.Image], spec: RenditionSpec, stages: Stages) -> Rendered:
+    with stages.timed("crop", spec.name):
+        image = crops.boxed(crops.source(chain, spec), spec)
+    with stages.timed("encode", spec.name):
+        data = _save(image, spec)
     return Rendered(spec.name, spec.format, spec.ext, image.width, image.height, data,
                     hashlib.sha256(data).hexdigest(), spec.crop)  # fmt: skip
 

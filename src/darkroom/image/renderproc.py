@@ -22,6 +22,7 @@ import pyvips
 
 from darkroom.errors import CorruptImageError, DarkroomError, RenderOutOfMemoryError
 from darkroom.image.pipeline import render
+from darkroom.image.stagetimes import Stages
 
 _M_ARENA_MAX = -8  # glibc mallopt parameter
 # A process whose address space came this close to its limit is not given another photo
@@ -94,7 +95,9 @@ def _serve_one(conn: Connection, memory_mb: int, peak_before: int) -> Served | N
         if request == TRIM:
             _LIBC.malloc_trim(0)
             return "trimmed", None, _status_mbs("VmHWM", "VmRSS", "VmPeak")
-        kind, value = "ok", render(*request)
+        data, specs, max_pixels, traceparent = request
+        # a traced photo's stages are timed here for the worker's spans (it has the context)
+        kind, value = "ok", render(data, specs, max_pixels, Stages(traceparent is not None))
     except EOFError:
         return None
     except (MemoryError, DarkroomError) as exc:
