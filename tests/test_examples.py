@@ -1,7 +1,8 @@
 """The producer and consumer examples run against the real servers: the Python
 (redis-py + asyncpg) and Node (ioredis + pg) producers make a photo darkroom processes, the
-PostgreSQL-only producer leaves its row for the intake, and both consumers handle each
-event of `{darkroom}:events` once, however often it is delivered."""
+PostgreSQL-only producer leaves its row for the intake, both carry a producer's trace context
+into darkroom's trace, and both consumers handle each event of `{darkroom}:events` once,
+however often it is delivered."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PHOTOS, Env
+from tests.test_tracing import Receiver, otel, process_spans, producer_span, receiver
+
+__all__ = ["receiver"]  # the fixture, used by name
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 NODE = shutil.which("node")
@@ -57,6 +61,25 @@ def test_the_producer_makes_a_photo_darkroom_processes(file_env: Env, language: 
     file_env.cli("run", "--drain")
     (row,) = file_env.query("SELECT processing_state FROM photos WHERE id = $1", photo_id)
     assert row["processing_state"] == "processed"
+
+
+@pytest.mark.parametrize("language", ["python", "node"])
+def test_a_producer_given_a_traceparent_puts_it_on_its_entry_and_row(
+    file_env: Env, receiver: Receiver, language: str
+) -> None:
+    """TRACEPARENT set: the entry and the row carry it, and the traced worker's span of the
+    photo is the producer's span's child, in its trace."""
+    trace_id, producer_id, carrier = producer_span()
+    command = [*PRODUCERS[language], str(PHOTOS / "4.webp")]
+    photo_id = uuid.UUID(run(file_env, command, TRACEPARENT=carrier["traceparent"]).strip())
+    (entry,) = file_env.redis.xrange(file_env.stream)
+    assert entry[1] == {"photo_id": str(photo_id), "traceparent": carrier["traceparent"]}
+    [row] = file_env.query("SELECT traceparent FROM photos WHERE id = $1", photo_id)
+    assert row["traceparent"] == carrier["traceparent"]
+    file_env.cli("run", "--drain", **otel(receiver))
+    [process] = process_spans(receiver, trace_id)
+    assert process.parent_id == producer_id
+    assert process.attributes["darkroom.photo_id"] == str(photo_id)
 
 
 def test_the_postgresql_only_producer_leaves_the_row_to_the_intake(file_env: Env) -> None:

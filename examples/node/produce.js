@@ -4,6 +4,9 @@
 //
 // Settings are darkroom's own: DARKROOM_DATABASE_URL, DARKROOM_REDIS_URL, DARKROOM_STREAM,
 // DARKROOM_STORAGE_URL (a local folder, `file:PATH`; on S3, PUT the original at the same key).
+// Traced: TRACEPARENT (a W3C traceparent), or the active OpenTelemetry context when
+// @opentelemetry/api is installed and configured, goes on the row and the entry, so darkroom's
+// spans join that trace.
 import { randomUUID } from "node:crypto";
 import { copyFile, mkdir } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
@@ -16,8 +19,24 @@ const REDIS_URL = env.DARKROOM_REDIS_URL ?? "redis://127.0.0.1:6379/0";
 const STREAM = env.DARKROOM_STREAM ?? "{darkroom}:photos";
 const STORAGE = (env.DARKROOM_STORAGE_URL ?? "file:./var/storage").replace(/^file:(\/\/)?/, "");
 
+// The W3C fields darkroom reads (docs/tracing.md); {} untraced.
+async function traceContext() {
+  if (env.TRACEPARENT) return { traceparent: env.TRACEPARENT };
+  const carrier = {};
+  try {
+    const { context, propagation } = await import("@opentelemetry/api");
+    propagation.inject(context.active(), carrier); // nothing without a configured SDK
+  } catch {
+    return {}; // not installed: untraced
+  }
+  return Object.fromEntries(
+    Object.entries(carrier).filter(([k]) => k === "traceparent" || k === "tracestate"),
+  );
+}
+
 async function produce(path) {
   const photoId = randomUUID();
+  const traced = await traceContext();
   const key = `originals/${photoId}/${basename(path).replace(/[^\w.-]/g, "_")}`;
   const target = join(STORAGE, key);
   await mkdir(dirname(target), { recursive: true });
@@ -26,15 +45,15 @@ async function produce(path) {
   await db.connect();
   try { // 2. the row; enqueued_at: this producer XADDs it next (the intake leaves it alone)
     await db.query(
-      "INSERT INTO photos (id, original_key, enqueued_at) VALUES ($1, $2, now())",
-      [photoId, key],
+      "INSERT INTO photos (id, original_key, enqueued_at, traceparent) VALUES ($1, $2, now(), $3)",
+      [photoId, key, traced.traceparent ?? null],
     );
   } finally {
     await db.end();
   }
   const redis = new Redis(REDIS_URL);
   try { // 3. the entry, only after the row's commit
-    await redis.xadd(STREAM, "*", "photo_id", photoId);
+    await redis.xadd(STREAM, "*", "photo_id", photoId, ...Object.entries(traced).flat());
   } finally {
     redis.disconnect();
   }
