@@ -371,3 +371,18 @@ END $$;
 CREATE OR REPLACE TRIGGER operator_actions_append_only BEFORE UPDATE ON operator_actions
     FOR EACH ROW EXECUTE FUNCTION darkroom_audit_append_only();
 -- ---- end of the audit trail -------------------------------------------------------------------
+
+-- ---- per-tenant rate limits ------------------------------------------------------------------
+-- The truth of each tenant's bulk rate (store/limits.py): the feeder reloads it every few
+-- seconds; Redis holds only each bucket's state (queue/buckets.py), recreated from here
+-- after a wipe. `per_s` 0 exempts the tenant from DARKROOM_TENANT_RATE; `interactive`
+-- charges its interactive photos too (docs/fairness.md, "Rate limits").
+CREATE TABLE IF NOT EXISTS tenant_limits (
+    tenant      text             PRIMARY KEY,
+    per_s       double precision NOT NULL CHECK (per_s >= 0 AND per_s <= 1000000),
+    burst       integer          NOT NULL CHECK (burst >= 1),
+    interactive boolean          NOT NULL DEFAULT false,
+    shown       text             NOT NULL,
+    updated_at  timestamptz      NOT NULL DEFAULT now()
+);
+-- ---- end of per-tenant rate limits -----------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from darkroom import __version__
 from darkroom.operate import events as events_command
-from darkroom.operate import gc, ops
+from darkroom.operate import gc, limits, ops
 from darkroom.operate.progress import parse_rate
 from darkroom.queue.lanes import parse_lane, parse_tenant
 
@@ -119,6 +119,7 @@ SUBCOMMANDS = {
         "replay photo events from PostgreSQL in order (--follow: then print new ones)",
         "darkroom events --since 2026-12-01T09:00 --follow --json | jq .type",
     ),
+    "limits": limits.HELP,
 }
 
 
@@ -231,6 +232,7 @@ ARGUMENTS = {
     "gc": _gc_arguments,
     "attempts": _attempts_arguments,
     "events": _events_arguments,
+    "limits": limits.arguments,
 }
 
 

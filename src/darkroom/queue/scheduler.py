@@ -1,7 +1,8 @@
 """Which bulk photo next: deficit round robin over the backlogged tenants, charged by cost.
 
-Pure (no I/O, no clock). The feeder loads each tenant's oldest photos on request (`Refill`)
-and reports the tenants' in-flight counts (`settle`); every decision is taken here.
+Pure (no I/O, no clock). The feeder loads each tenant's oldest photos on request (`Refill`),
+reports the tenants' in-flight counts (`settle`) and holds back a tenant over its rate
+(`hold`, `give_back`, `release`); every decision is taken here.
 See docs/fairness.md for the design and the alternatives rejected.
 """
 
@@ -61,6 +62,7 @@ class Scheduler:
         self._tenants: dict[str, _Tenant] = {}
         self._ring: deque[str] = deque()
         self._parked: set[str] = set()
+        self._held: set[str] = set()  # over their rate: out of the ring until released
 
     def __len__(self) -> int:
         """Backlogged tenants known (in the ring or parked at their cap)."""
@@ -104,6 +106,32 @@ class Scheduler:
         self.in_flight = dict(in_flight)
         for tenant in [t for t in self._parked if not self._capped(t)]:
             self._parked.discard(tenant)
+            self._enter(tenant)
+
+    def give_back(self, tenant: str, photos: list[Pending]) -> None:
+        """Photos picked but not started (the tenant's rate refused them): first in its
+        line again, their charge and in-flight count undone."""
+        state = self._tenants[tenant]
+        state.loaded.extendleft(reversed(photos))
+        state.deficit += sum(photo.charge for photo in photos)
+        self.in_flight[tenant] = max(0, self.in_flight.get(tenant, 0) - len(photos))
+
+    def hold(self, tenant: str) -> None:
+        """Out of the ring until `release`: the others take its turns (work conserving).
+        It keeps its photos and, like a capped tenant, no credit saved up meanwhile."""
+        if tenant not in self._tenants or tenant in self._held:
+            return
+        if tenant in self._ring:  # O(ring): once per batch a held tenant, not per photo
+            self._ring.remove(tenant)
+        self._parked.discard(tenant)
+        self._held.add(tenant)
+        state = self._tenants[tenant]
+        state.deficit = min(state.deficit, 0)
+
+    def release(self, tenant: str) -> None:
+        """Back into the ring's tail (or parked, if at its in-flight cap)."""
+        if tenant in self._held:
+            self._held.discard(tenant)
             self._enter(tenant)
 
     def _start(self, tenant: str, state: _Tenant) -> Pending:
