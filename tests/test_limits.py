@@ -4,13 +4,16 @@ against real PostgreSQL and Redis (a fake clock, no workers)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import pytest
 
+from darkroom import metrics
 from darkroom.duty import Tenure
 from darkroom.feeder import Feeder
 from darkroom.queue.buckets import Buckets, Charge
@@ -19,7 +22,7 @@ from darkroom.queue.scheduler import QUANTUM, Pending, Refill, Scheduler
 from darkroom.queue.streams import Streams, connect
 from darkroom.settings import Settings
 from darkroom.store import db, duties, lanes
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, Env
 
 
 class FakeClock:
@@ -255,3 +258,44 @@ async def test_clearing_a_limit_releases_the_held_tenant_at_the_next_reload(
     await pool.execute("DELETE FROM tenant_limits")
     await feed_for(feeder, pool, 0.2)
     assert (await fed_by_tenant(streams))["acme"] == 20
+
+
+# -- the operator's commands ------------------------------------------------------------------
+
+
+def limits_listed(env: Env) -> dict[str, Any]:
+    listed: dict[str, Any] = json.loads(env.cli("limits", "list", "--json").stdout)
+    return listed
+
+
+def test_limits_set_list_and_clear_with_an_audit_row_each(file_env: Env) -> None:
+    """An operator sets, replaces and clears a tenant's limit; list, status and /metrics
+    show it; a bad rate exits 2; clearing twice says so; every change has its audit row."""
+    file_env.cli("limits", "set", "acme", "20/s", "--burst", "100", "--reason", "tier 2")
+    listed = limits_listed(file_env)
+    [acme] = listed["tenants"]
+    assert (acme["tenant"], acme["shown"], acme["per_s"], acme["burst"]) == (
+        "acme",
+        "20/s",
+        20,
+        100,
+    )
+    assert listed["default"]["per_s"] == 0 and acme["interactive"] is False
+    file_env.cli("limits", "set", "acme", "600/m", "--interactive")
+    [acme] = limits_listed(file_env)["tenants"]
+    assert (acme["per_s"], acme["burst"], acme["interactive"]) == (10, 10, True)
+    report = json.loads(file_env.cli("status", "--json").stdout)
+    assert [lim["tenant"] for lim in report["limits"]] == ["acme"]
+    assert b'darkroom_tenant_rate_limit{tenant="acme"} 10.0' in metrics.queue_metrics(report)
+    assert "acme" in file_env.cli("status").stdout
+    assert file_env.cli("limits", "set", "acme", "fast", check=False).returncode == 2
+    file_env.cli("limits", "clear", "acme")
+    again = file_env.cli("limits", "clear", "acme", check=False)
+    assert again.returncode == 1 and "no limit of its own" in again.stderr
+    assert limits_listed(file_env)["tenants"] == []
+    trail = file_env.query("SELECT action, outcome, reason FROM operator_actions ORDER BY id")
+    assert [(r["action"], r["outcome"]) for r in trail] == [
+        ("limits.set", "done"), ("limits.set", "done"),
+        ("limits.clear", "done"), ("limits.clear", "refused"),
+    ]  # fmt: skip
+    assert trail[0]["reason"] == "tier 2"

@@ -115,7 +115,7 @@ def rate_per_s(text: str) -> float:
     """`N/s`, `N/m` or a bare `N` (per second), N >= 0: photos per second (0: unlimited)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:/\s*([sm]))?\s*", text)
     if not match:
-        raise ValueError(f"rate must look like 20/s, 600/m or 0, got {text!r}")
+        raise ValueError(f"rate must be at least 0: N/s, N/m or N (per second), got {text!r}")
     return float(match[1]) / (60.0 if match[2] == "m" else 1.0)
 
 

@@ -48,6 +48,7 @@ MINIMUMS: dict[str, float] = {
     "bulk_floor": 0.0,  # a share, at most 1 (from_env)
     "bulk_ahead": 0,  # 0: sized from the live workers' places
     "tenant_max_in_flight": 0,
+    "tenant_rate": 0.0,  # 0: unlimited
     "tenant_burst": 0,  # 0: one second's worth of the rate
 }
 

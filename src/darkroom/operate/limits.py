@@ -38,7 +38,7 @@ async def cmd_limits(settings: Settings, args: argparse.Namespace) -> int:
             action = cli_action(settings, "limits.clear", {"tenant": args.tenant}, args.reason)
             if await limits.clear_limit(pool, args.tenant, action):
                 return 0
-            print(f"no_limit: {args.tenant!r} has no limit of its own", file=sys.stderr)
+            print(f"{args.tenant!r} has no limit of its own: nothing cleared", file=sys.stderr)
             return 1
         rows = await limits.listed(pool)
     print_limits(rows, settings, args.json)

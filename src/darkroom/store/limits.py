@@ -51,11 +51,10 @@ async def set_limit(pool: Pool, limit: Limit, action: audit.Action) -> None:
 @translated
 async def clear_limit(pool: Pool, tenant: str, action: audit.Action) -> bool:
     """Drop the tenant's own limit (DARKROOM_TENANT_RATE applies again); False if it had
-    none, and the audit row says `refused`."""
+    none, and the audit row says `refused`, count 0."""
     async with pool.acquire() as conn, conn.transaction():
         cleared = await conn.fetchval(CLEAR_SQL, tenant) is not None
-        await audit.record(conn, action, "done" if cleared else "refused", int(cleared),
-                           None if cleared else {"error": "no_limit"})  # fmt: skip
+        await audit.record(conn, action, "done" if cleared else "refused", int(cleared))
     return cleared
 
 
