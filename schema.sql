@@ -385,4 +385,8 @@ CREATE TABLE IF NOT EXISTS tenant_limits (
     shown       text             NOT NULL,
     updated_at  timestamptz      NOT NULL DEFAULT now()
 );
+-- The interactive uploads of a tenant charged for them, read by upload time every few
+-- seconds (feeder.py): only rows that name a tenant (most producers name none).
+CREATE INDEX IF NOT EXISTS photos_interactive_tenant_idx ON photos (tenant, created_at)
+    WHERE lane = 'interactive' AND tenant <> '';
 -- ---- end of per-tenant rate limits -----------------------------------------------------------

@@ -299,3 +299,30 @@ def test_limits_set_list_and_clear_with_an_audit_row_each(file_env: Env) -> None
         ("limits.clear", "done"), ("limits.clear", "refused"),
     ]  # fmt: skip
     assert trail[0]["reason"] == "tier 2"
+
+
+async def test_interactive_uploads_of_a_tenant_charged_for_them_hold_its_bulk_back(
+    pool: db.Pool, streams: Streams
+) -> None:
+    """`--interactive`: 10 uploads at 1/s put the tenant 10 s in debt, so none of its bulk
+    photos starts in the next 2 s; a tenant at the same rate without it (its uploads
+    exempt) starts its burst of 2."""
+    feeder = await limited_feeder(pool, streams)
+    await pool.execute(
+        "INSERT INTO tenant_limits (tenant, per_s, burst, interactive, shown)"
+        " VALUES ('charged', 1, 2, true, '1/s'), ('exempt', 1, 2, false, '1/s')"
+    )
+    async with pool.acquire() as conn:
+        await feeder.load_limits(conn)
+        await feeder.charge_interactive(conn)  # the window starts now: history is not charged
+        for tenant in ("charged", "exempt"):
+            for _ in range(10):
+                await lanes.insert_photo(pool, uuid.uuid4(), "originals/x", "interactive",
+                                         tenant, None)  # fmt: skip
+        await anyio.sleep(0.5)  # past the grace on PostgreSQL's clock
+        await feeder.charge_interactive(conn)
+    await add_bulk(pool, "charged", 3)
+    await add_bulk(pool, "exempt", 3)
+    await feed_for(feeder, pool, 2.0)
+    fed = await fed_by_tenant(streams)
+    assert fed["charged"] == 0 and fed["exempt"] == 2 + 1, fed

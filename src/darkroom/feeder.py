@@ -86,6 +86,7 @@ class Feeder:
     _reserve: int = 0
     _reserve_at: float = float("-inf")
     _limits_at: float = float("-inf")
+    _uploads_after: datetime | None = None  # interactive uploads charged up to here
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -153,7 +154,7 @@ class Feeder:
         """State is rebuilt from PostgreSQL on every takeover: a dead feeder's is lost."""
         self.scheduler = self._new_scheduler()
         self.throttle.release_all()
-        self._limits_at = float("-inf")
+        self._limits_at, self._uploads_after = float("-inf"), None
         self._tenure = tenure
         await self.bulk.ensure_group()
         next_catch_up = next_scan = self.clock.now()
@@ -167,6 +168,7 @@ class Feeder:
                 next_catch_up = now + CATCH_UP_S
             if now >= self._limits_at:
                 await self.load_limits(conn)
+                await self.charge_interactive(conn)
                 self._limits_at = now + LIMITS_EVERY_S
             await self._feed_bulk(conn)
             await self._rest(next_catch_up)
@@ -328,6 +330,18 @@ class Feeder:
                for t, lim in limits.limits_of(await limits.listed(conn)).items()}  # fmt: skip
         for tenant in self.throttle.load(own):
             self.scheduler.release(tenant)
+
+    async def charge_interactive(self, conn: intake.Connection) -> None:
+        """Tenants charged for their interactive photos (`limits set --interactive`): the
+        uploads since the last look, charged whatever the bucket holds (an upload is never
+        delayed; the tenant's bulk photos wait off the debt). From a takeover on: a dead
+        feeder's last window is not charged (an undercharge, never a double charge)."""
+        tenants = [t for t, rate in self.throttle.own.items() if rate.interactive and rate.limited]
+        counts, self._uploads_after = await limits.interactive_uploads(
+            conn, tenants, self._uploads_after, INTAKE_GRACE_MS / 1000
+        )
+        charges = [Charge(t, self.throttle.rate_of(t), n, force=True) for t, n in counts.items()]
+        await self.buckets.take(charges)
 
     async def _within_rates(self, picked: list[Pending]) -> list[Pending]:
         """The photos picked that their tenants' buckets admit (one script call for the
