@@ -271,12 +271,12 @@ class Feeder:
             return
         reserve = await self._reserve_size()
         room = reserve - await self.bulk.undelivered()
-        if room < max(1, reserve // 2):
+        released = self._released()
+        if room < max(1, reserve // 2) and not released:
             return  # half the reserve still waits: top up in batches, not photo by photo
+        room = max(room, released)  # past the reserve by at most the released bursts
         if self.settings.tenant_max_in_flight:
             self.scheduler.settle(await intake.in_flight(conn))
-        for tenant in self.throttle.due(self.clock.now()):
-            self.scheduler.release(tenant)
         while room > 0 and (picked := await self._pick(conn, room)):
             if not (picked := await self._within_rates(picked)):
                 continue  # every tenant picked is held now: the others are picked next
@@ -342,6 +342,15 @@ class Feeder:
         )
         charges = [Charge(t, self.throttle.rate_of(t), n, force=True) for t, n in counts.items()]
         await self.buckets.take(charges)
+
+    def _released(self) -> int:
+        """Held tenants whose bucket has room again take the next turns, fed at once, not at
+        the next top-up: a bucket full for longer loses the credit past its burst, and the
+        tenant would fall short of its rate. Returns their bursts (photos), summed."""
+        released = self.throttle.due(self.clock.now())
+        for tenant in released:
+            self.scheduler.release(tenant, first=True)
+        return sum(self.throttle.rate_of(tenant).photos_at_once for tenant in released)
 
     async def _within_rates(self, picked: list[Pending]) -> list[Pending]:
         """The photos picked that their tenants' buckets admit (one script call for the

@@ -128,11 +128,13 @@ class Scheduler:
         state = self._tenants[tenant]
         state.deficit = min(state.deficit, 0)
 
-    def release(self, tenant: str) -> None:
-        """Back into the ring's tail (or parked, if at its in-flight cap)."""
+    def release(self, tenant: str, first: bool = False) -> None:
+        """Back into the ring (or parked, if at its in-flight cap): at its tail, or `first`
+        at its head (its bucket has room now, and it lost its turns while held: a late turn
+        is credit its bucket cannot keep, past its burst)."""
         if tenant in self._held:
             self._held.discard(tenant)
-            self._enter(tenant)
+            self._enter(tenant, first)
 
     def _start(self, tenant: str, state: _Tenant) -> Pending:
         photo = state.loaded.popleft()
@@ -148,12 +150,15 @@ class Scheduler:
         self._ring.rotate(-1)
         state.fresh_turn = True
 
-    def _enter(self, tenant: str) -> None:
+    def _enter(self, tenant: str, first: bool = False) -> None:
         if self._capped(tenant):
             self._parked.add(tenant)
             return
+        if first and self._ring:  # the head's turn resumes after it, credit and all
+            self._ring.appendleft(tenant)
+        else:
+            self._ring.append(tenant)
         self._tenants[tenant].fresh_turn = True
-        self._ring.append(tenant)
 
     def _capped(self, tenant: str) -> bool:
         return bool(self.max_in_flight) and self.in_flight.get(tenant, 0) >= self.max_in_flight
