@@ -6,9 +6,9 @@
 In a fresh database (dropped after), DARKROOM_BENCH_DATABASE or `darkroom_bench_limits`:
 `limited` (20/s, `darkroom limits set`) and `free` (no limit) each have a backlog of
 --photos small bulk photos; three workers (concurrency 2) render them, one of them
-feeding. Reported per --window after a 5 s warm-up (from the first photo started): `limited`'s starts per second
-against its 20/s (the ±5 % target), `free`'s (the rest of the capacity: work conserving)
-and the workers' CPU seconds per photo. A smoke run:
+feeding. Reported per --window after a 5 s warm-up (from the first photo started):
+`limited`'s starts per second against its 20/s (the ±5 % target), `free`'s (the rest of
+the capacity: work conserving) and the workers' CPU seconds per photo. A smoke run:
 `--seconds 24 --window 8 --photos 400 --rate 1` (a rate below a busy machine's capacity:
 at 20/s the machine must render well over 20 photos a second, or the limit never binds).
 """
@@ -105,7 +105,7 @@ async def measure(args: argparse.Namespace, rig: Rig) -> tuple[dict[str, list[in
     for _ in range(WORKERS):
         rig.worker()
     first = "SELECT extract(epoch FROM min(started_at))::float8 FROM photo_jobs"
-    while await conn.fetchval(first) is None:  # the workers' self-checks come first
+    while await conn.fetchval(first) is None:  # noqa: ASYNC110 (the workers' self-checks)
         await asyncio.sleep(0.2)
     await asyncio.sleep(WARM_UP_S)
     started = time.time()
