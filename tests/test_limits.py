@@ -5,12 +5,14 @@ against real PostgreSQL and Redis (a fake clock, no workers)."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from darkroom import metrics
@@ -23,6 +25,7 @@ from darkroom.queue.streams import Streams, connect
 from darkroom.settings import Settings
 from darkroom.store import db, duties, lanes
 from tests.conftest import REDIS_URL, Env
+from tests.test_web import start_web
 
 
 class FakeClock:
@@ -326,3 +329,18 @@ async def test_interactive_uploads_of_a_tenant_charged_for_them_hold_its_bulk_ba
     await feed_for(feeder, pool, 2.0)
     fed = await fed_by_tenant(streams)
     assert fed["charged"] == 0 and fed["exempt"] == 2 + 1, fed
+
+
+def test_the_page_shows_the_limits_and_metrics_export_them(file_env: Env) -> None:
+    """The overview lists a tenant's own limit, /api/status has it and `darkroom web`'s
+    /metrics exports it; once cleared, the page says no tenant has one and the series goes."""
+    file_env.cli("limits", "set", "acme", "20/s", "--burst", "100", "--interactive")
+    base = start_web(file_env, token=None)
+    overview = httpx.get(f"{base}/").text
+    assert "<td>acme</td><td>20/s</td>" in overview and "charged" in overview
+    assert httpx.get(f"{base}/api/status").json()["limits"][0]["burst"] == 100
+    assert 'darkroom_tenant_rate_limit{tenant="acme"} 20.0' in httpx.get(f"{base}/metrics").text
+    file_env.cli("limits", "clear", "acme")
+    time.sleep(2.0 + 0.5)  # DARKROOM_WEB_SNAPSHOT_S: the page's numbers are this old at most
+    assert "no tenant has its own limit" in httpx.get(f"{base}/").text
+    assert "darkroom_tenant_rate_limit{" not in httpx.get(f"{base}/metrics").text
