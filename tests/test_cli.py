@@ -94,6 +94,7 @@ def test_migrate_creates_the_database_and_is_idempotent(file_env: Env) -> None:
             "darkroom_duties",
             "operator_actions",
             "darkroom_schema",
+            "tenant_limits",
         }
         assert {t["tablename"] for t in tables} == names
         applied = env.query("SELECT sha256 FROM darkroom_schema")
