@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import httpx
+import msgspec
 import pytest
 
 from darkroom import metrics
@@ -241,6 +242,24 @@ async def test_a_limited_tenant_is_fed_at_its_rate_while_the_other_takes_the_res
         "SELECT count(*) FROM photos WHERE tenant = 'slow' AND enqueued_at IS NULL"
     )
     assert unfed == 300 - fed["slow"]
+
+
+async def test_a_released_tenant_is_fed_within_the_reserve_never_past_it(
+    pool: db.Pool, streams: Streams
+) -> None:
+    """Nobody reads the bulk stream: however often the limited tenant's bucket has room
+    again over 3 s, the stream never holds more than the reserve (4); a limit never buys
+    a tenant entries past it (a machine slower than the rate would pile them up)."""
+    feeder = await limited_feeder(pool, streams, tenant_rate=10.0, tenant_burst=1)
+    feeder.settings = msgspec.structs.replace(feeder.settings, bulk_ahead=4)
+    await pool.execute(
+        "INSERT INTO tenant_limits (tenant, per_s, burst, shown) VALUES ('free', 0, 1, '0')"
+    )
+    await add_bulk(pool, "slow", 50)
+    await add_bulk(pool, "free", 50)
+    await feed_for(feeder, pool, 3.0)
+    assert sum((await fed_by_tenant(streams)).values()) == 4
+    assert feeder._owed == {"slow"}, "its bucket had room again: it waits for the reserve's"
 
 
 async def test_clearing_a_limit_releases_the_held_tenant_at_the_next_reload(

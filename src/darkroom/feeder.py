@@ -87,6 +87,7 @@ class Feeder:
     _reserve_at: float = float("-inf")
     _limits_at: float = float("-inf")
     _uploads_after: datetime | None = None  # interactive uploads charged up to here
+    _owed: set[str] = field(default_factory=set)  # released, not yet fed since
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -271,22 +272,29 @@ class Feeder:
             return
         reserve = await self._reserve_size()
         room = reserve - await self.bulk.undelivered()
-        released = self._released()
-        if room < max(1, reserve // 2) and not released:
+        self._owed.update(self._released())
+        if room < max(1, reserve // 2):
+            if self._owed and room > 0:
+                await self._feed_owed(conn, room)
             return  # half the reserve still waits: top up in batches, not photo by photo
-        room = max(room, released)  # past the reserve by at most the released bursts
+        self._owed.clear()  # released to the ring's head: this top-up starts with them
         if self.settings.tenant_max_in_flight:
             self.scheduler.settle(await intake.in_flight(conn))
         while room > 0 and (picked := await self._pick(conn, room)):
             if not (picked := await self._within_rates(picked)):
                 continue  # every tenant picked is held now: the others are picked next
-            batch = [(p.photo_id, {**task_fields(p.photo_id), "tenant": entry_tenant(p.tenant)})
-                     for p in picked]  # fmt: skip
-            if not await self._enqueue(conn, self.bulk, batch):
+            if not await self._feed_picked(conn, picked):
                 return
-            metrics.FED.labels("bulk").inc(len(batch))
-            room -= len(batch)
+            room -= len(picked)
         metrics.BULK_TENANTS.set(len(self.scheduler))
+
+    async def _feed_picked(self, conn: intake.Connection, picked: list[Pending]) -> bool:
+        batch = [(p.photo_id, {**task_fields(p.photo_id), "tenant": entry_tenant(p.tenant)})
+                 for p in picked]  # fmt: skip
+        if not await self._enqueue(conn, self.bulk, batch):
+            return False
+        metrics.FED.labels("bulk").inc(len(batch))
+        return True
 
     async def _reserve_size(self) -> int:
         """DARKROOM_BULK_AHEAD, or (0) as many entries as the live bulk consumers have
@@ -343,22 +351,31 @@ class Feeder:
         charges = [Charge(t, self.throttle.rate_of(t), n, force=True) for t, n in counts.items()]
         await self.buckets.take(charges)
 
-    def _released(self) -> int:
-        """Held tenants whose bucket has room again take the next turns, fed at once, not at
-        the next top-up: a bucket full for longer loses the credit past its burst, and the
-        tenant would fall short of its rate. Returns their bursts (photos), summed."""
+    def _released(self) -> list[str]:
+        """Held tenants whose bucket has room again: back at the ring's head."""
         released = self.throttle.due(self.clock.now())
         for tenant in released:
             self.scheduler.release(tenant, first=True)
-        return sum(self.throttle.rate_of(tenant).photos_at_once for tenant in released)
+        return released
+
+    async def _feed_owed(self, conn: intake.Connection, room: int) -> None:
+        """Released tenants are fed as soon as the reserve has room, not at the next top-up
+        (half of it taken): a bucket left full loses the credit past its burst, and the
+        tenant would fall short of its rate. Only their photos, within the reserve, so a
+        limit never buys a tenant more than the reserve; the others' picks go back."""
+        owed, self._owed = self._owed, set()
+        most = min(room, sum(self.throttle.rate_of(t).photos_at_once for t in owed))
+        picked = await self._pick(conn, most)
+        for tenant, photos in _by_tenant([p for p in picked if p.tenant not in owed]).items():
+            self.scheduler.give_back(tenant, photos)
+        if admitted := await self._within_rates([p for p in picked if p.tenant in owed]):
+            await self._feed_picked(conn, admitted)
 
     async def _within_rates(self, picked: list[Pending]) -> list[Pending]:
         """The photos picked that their tenants' buckets admit (one script call for the
         batch); the rest go back to the head of their tenant's line and the tenant is held
         until its bucket has room. A photo refused is never lost: it is not marked fed."""
-        by_tenant: dict[str, list[Pending]] = {}
-        for photo in picked:
-            by_tenant.setdefault(photo.tenant, []).append(photo)
+        by_tenant = _by_tenant(picked)
         rates = {tenant: self.throttle.rate_of(tenant) for tenant in by_tenant}
         charges = [Charge(t, rates[t], len(by_tenant[t])) for t in by_tenant if rates[t].limited]
         refused: set[uuid.UUID] = set()
@@ -376,3 +393,10 @@ class Feeder:
         # A label of its own for a tenant weighted or with its own rate: operators name few.
         own = tenant in self.named or tenant in self.throttle.own
         metrics.THROTTLED.labels(tenant if own else metrics.OTHER_TENANT).inc()
+
+
+def _by_tenant(photos: list[Pending]) -> dict[str, list[Pending]]:
+    by_tenant: dict[str, list[Pending]] = {}
+    for photo in photos:
+        by_tenant.setdefault(photo.tenant, []).append(photo)
+    return by_tenant
