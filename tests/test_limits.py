@@ -311,6 +311,7 @@ def test_limits_set_list_and_clear_with_an_audit_row_each(file_env: Env) -> None
     assert b'darkroom_tenant_rate_limit{tenant="acme"} 10.0' in metrics.queue_metrics(report)
     assert "acme" in file_env.cli("status").stdout
     assert file_env.cli("limits", "set", "acme", "fast", check=False).returncode == 2
+    assert file_env.cli("limits", "set", "acme", "2000000/s", check=False).returncode == 2
     file_env.cli("limits", "clear", "acme")
     again = file_env.cli("limits", "clear", "acme", check=False)
     assert again.returncode == 1 and "no limit of its own" in again.stderr

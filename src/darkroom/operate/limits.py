@@ -18,6 +18,7 @@ from darkroom.services import services
 from darkroom.settings import Settings
 from darkroom.store import limits
 
+MAX_PER_S = 1_000_000
 HELP = (
     "per-tenant bulk rate limits: set, list or clear a tenant's own (DARKROOM_TENANT_RATE "
     "is everyone else's)",
@@ -97,9 +98,11 @@ def _tenant(text: str) -> str:
 
 def _rate(text: str) -> str:
     try:
-        rate_per_s(text)
+        per_s = rate_per_s(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if per_s > MAX_PER_S:  # schema.sql's tenant_limits_per_s_check
+        raise argparse.ArgumentTypeError(f"rate must be at most {MAX_PER_S:g}/s, got {text!r}")
     return text
 
 
