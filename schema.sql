@@ -230,7 +230,8 @@ CREATE TABLE IF NOT EXISTS photo_events (
     photo_id     uuid        NOT NULL,
     type         text        NOT NULL CONSTRAINT photo_events_type_check CHECK (type IN (
         'darkroom.photo.published', 'darkroom.photo.failed',
-        'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed')),
+        'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
+        'darkroom.queue.paused', 'darkroom.queue.resumed')),
     data         jsonb       NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
     published_at timestamptz
@@ -363,6 +364,8 @@ CREATE TABLE IF NOT EXISTS operator_actions (
 );
 CREATE INDEX IF NOT EXISTS operator_actions_at_idx ON operator_actions (at, id);
 CREATE INDEX IF NOT EXISTS operator_actions_action_idx ON operator_actions (action_id);
+-- `darkroom audit --action` and the page's filter: one action's rows newest first, O(limit).
+CREATE INDEX IF NOT EXISTS operator_actions_action_at_idx ON operator_actions (action, at, id);
 CREATE OR REPLACE FUNCTION darkroom_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'operator_actions rows are never updated in place'
@@ -371,6 +374,71 @@ END $$;
 CREATE OR REPLACE TRIGGER operator_actions_append_only BEFORE UPDATE ON operator_actions
     FOR EACH ROW EXECUTE FUNCTION darkroom_audit_append_only();
 -- ---- end of the audit trail -------------------------------------------------------------------
+
+-- ---- bulk actions by query ------------------------------------------------------------------
+-- One row per photo a bulk action (`darkroom bulk retry|rerender|move`, store/selection.py)
+-- selected, inserted when the action starts: the selection frozen as a snapshot of ids, so a
+-- photo that matches later is not added and a rerun walks the same set. `state` moves
+-- pending -> acted (its state change committed, in the same transaction as this row) ->
+-- sent (handed to its lane), or pending -> skipped (it no longer qualified). A row leaves
+-- `pending` only in the transaction that acts on its photo, so a photo is acted on at most
+-- once per action whatever kills the run. Rows of a done action stay with its audit rows.
+CREATE TABLE IF NOT EXISTS bulk_action_items (
+    action_id uuid NOT NULL,
+    photo_id  uuid NOT NULL,
+    state     text NOT NULL DEFAULT 'pending'
+        CONSTRAINT bulk_action_items_state_check
+        CHECK (state IN ('pending', 'acted', 'sent', 'skipped')),
+    acted_at  timestamptz,
+    PRIMARY KEY (action_id, photo_id)
+);
+-- A batch is the next ids still `pending` (or `acted`, still to hand over), keyset by id:
+-- the index holds each state's ids apart, so a batch reads O(batch) entries however many
+-- are done.
+CREATE INDEX IF NOT EXISTS bulk_action_items_state_idx
+    ON bulk_action_items (action_id, state, photo_id);
+-- Selections by tenant (the most common operator scope) read only that tenant's photos,
+-- by state and creation time; by error code photos_code_idx serves, by state alone
+-- photos_state_updated_idx, by processed time photos_processed_at_idx.
+CREATE INDEX IF NOT EXISTS photos_tenant_state_created_idx
+    ON photos (tenant, processing_state, created_at, id);
+-- ---- end of bulk actions --------------------------------------------------------------------
+
+-- ---- pauses: an operator's hold on a lane, a tenant, both or everything ---------------------
+-- One row per paused scope (store/pauses.py); NULL lane: every lane, NULL tenant: every
+-- tenant. A row past `until` is no pause (every reader compares it with now()), so a timed
+-- pause ends by itself with no process to end it. Each claim reads it (leases.CLAIM_SQL):
+-- a photo of a paused scope is not claimed, counting no attempt. Queue events (paused,
+-- resumed) are outbox rows about no photo: their photo_id is the nil UUID.
+CREATE TABLE IF NOT EXISTS queue_pauses (
+    id       bigserial   PRIMARY KEY,
+    lane     text        CHECK (lane IN ('interactive', 'bulk')),
+    tenant   text        CHECK (char_length(tenant) <= 128),
+    operator text        NOT NULL CHECK (operator <> ''),
+    reason   text        NOT NULL CHECK (reason <> ''),
+    since    timestamptz NOT NULL DEFAULT now(),
+    until    timestamptz
+);
+CREATE UNIQUE INDEX IF NOT EXISTS queue_pauses_scope_idx
+    ON queue_pauses ((coalesce(lane, '')), (coalesce(tenant, '')), (tenant IS NULL));
+-- The autoscaler's per-lane count of unfinished photos no pause holds (deploy/kubernetes/
+-- scaledobject.yaml): one lane's rows only, each tenant's together, so a poll reads at most
+-- its LIMIT of the lane's rows plus those of the tenants paused.
+CREATE INDEX IF NOT EXISTS photos_unfinished_lane_idx ON photos (lane, tenant)
+    WHERE processing_state IN ('uploaded', 'processing');
+-- A database made before the queue events: its check admits them from now on (NOT VALID:
+-- the rows already there are the photo types, no scan needed).
+ALTER TABLE photo_events DROP CONSTRAINT IF EXISTS photo_events_type_check;
+ALTER TABLE photo_events ADD CONSTRAINT photo_events_type_check CHECK (type IN (
+    'darkroom.photo.published', 'darkroom.photo.failed',
+    'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
+    'darkroom.queue.paused', 'darkroom.queue.resumed')) NOT VALID;
+-- ---- end of pauses ------------------------------------------------------------------------
+
+-- W3C trace context of the photo (docs/tracing.md): filled by a PostgreSQL-only producer, or
+-- by the first claim from its entry's `traceparent` field (never overwritten), so the feeder,
+-- the sweep and a replay put it on every later entry: one photo, one trace. NULL: untraced.
+ALTER TABLE photos ADD COLUMN IF NOT EXISTS traceparent text;
 
 -- ---- per-tenant rate limits ------------------------------------------------------------------
 -- The truth of each tenant's bulk rate (store/limits.py): the feeder reloads it every few

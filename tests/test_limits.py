@@ -150,11 +150,11 @@ def test_a_held_tenant_is_passed_over_and_keeps_its_photos_first_in_line() -> No
     first = order(scheduler, backlog, 4)
     given = [p for p in first if p.tenant == "a"]
     scheduler.give_back("a", given)
-    scheduler.hold("a")
+    scheduler.throttle("a")
     rest = order(scheduler, backlog, 100)
     assert {p.tenant for p in rest} == {"b"}
     assert scheduler.next() is None, "only the held tenant is left: nothing to pick"
-    scheduler.release("a")
+    scheduler.unthrottle("a")
     after = order(scheduler, backlog, 100)
     assert after[: len(given)] == given
     assert len(after) == 8, "every photo of a: none lost by the hold"

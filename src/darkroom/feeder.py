@@ -34,7 +34,8 @@ from darkroom.queue.buckets import Buckets, Charge
 from darkroom.queue.horizon import Horizon, Mark
 from darkroom.queue.lanes import entry_tenant
 from darkroom.queue.limits import Rate, Throttle
-from darkroom.queue.messages import task_fields
+from darkroom.queue.messages import task_fields, trace_fields
+from darkroom.queue.pauses import Paused
 from darkroom.queue.scheduler import Pending, Scheduler
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
@@ -88,6 +89,7 @@ class Feeder:
     _limits_at: float = float("-inf")
     _uploads_after: datetime | None = None  # interactive uploads charged up to here
     _owed: set[str] = field(default_factory=set)  # released, not yet fed since
+    paused: Paused = field(default_factory=Paused)  # the worker's copy (pausing.py)
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -101,6 +103,12 @@ class Feeder:
     def stop(self) -> None:
         """Stop feeding and give the duty up (the worker's stop sets the same event)."""
         self.stopping.set()
+        self._woken.set()
+
+    def heed(self, paused: Paused) -> None:
+        """The pauses changed: a resumed tenant or lane is fed at once, not at the poll."""
+        self.paused = paused
+        self._bulk_due = True
         self._woken.set()
 
     def _new_scheduler(self) -> Scheduler:
@@ -249,7 +257,11 @@ class Feeder:
         if not await intake.prepare_jobs(conn, photo_ids, tenure.fence):
             tenure.lose("write_refused")
             return False
-        entry_ids = await streams.enqueue_many([fields for _, fields in batch])
+        traced = await intake.traceparents(conn, photo_ids)
+        entry_ids = await streams.enqueue_many(
+            [{**fields, **trace_fields({"traceparent": traced.get(photo_id)})}
+             for photo_id, fields in batch]
+        )  # fmt: skip
         await db.record_fed(conn, photo_ids, entry_ids)  # sets enqueued_at
         return True
 
@@ -268,8 +280,9 @@ class Feeder:
         batches, once half of it was taken: a worker's places wait for a slot as well, so
         its render slots stay busy while the reserve is refilled."""
         self._bulk_due = False
-        if not len(self.scheduler):
-            return
+        if not len(self.scheduler) or self.paused.lane("bulk"):
+            return  # a paused lane gets nothing more to wait in its stream
+        self.scheduler.hold(self.paused.tenants("bulk"))
         reserve = await self._reserve_size()
         room = reserve - await self.bulk.undelivered()
         self._owed.update(self._released())
@@ -337,7 +350,7 @@ class Feeder:
         own = {t: Rate(lim.per_s, lim.burst, lim.interactive)
                for t, lim in limits.limits_of(await limits.listed(conn)).items()}  # fmt: skip
         for tenant in self.throttle.load(own):
-            self.scheduler.release(tenant)
+            self.scheduler.unthrottle(tenant)
 
     async def charge_interactive(self, conn: intake.Connection) -> None:
         """Tenants charged for their interactive photos (`limits set --interactive`): the
@@ -355,7 +368,7 @@ class Feeder:
         """Held tenants whose bucket has room again: back at the ring's head."""
         released = self.throttle.due(self.clock.now())
         for tenant in released:
-            self.scheduler.release(tenant, first=True)
+            self.scheduler.unthrottle(tenant, first=True)
         return released
 
     async def _feed_owed(self, conn: intake.Connection, room: int) -> None:
@@ -388,7 +401,7 @@ class Feeder:
 
     def _hold(self, tenant: str, photos: list[Pending], wait_s: float) -> None:
         self.scheduler.give_back(tenant, photos)
-        self.scheduler.hold(tenant)
+        self.scheduler.throttle(tenant)
         self.throttle.hold(tenant, self.clock.now() + wait_s)
         # A label of its own for a tenant weighted or with its own rate: operators name few.
         own = tenant in self.named or tenant in self.throttle.own

@@ -203,6 +203,12 @@ TENANT_RATE_LIMIT = Gauge(
     ["tenant"],
     registry=QUEUE_REGISTRY,
 )
+PAUSED = Gauge(
+    "darkroom_paused",
+    "1 for each scope an operator paused ('*': every lane or every tenant)",
+    ["lane", "tenant"],
+    registry=QUEUE_REGISTRY,
+)
 # What the page itself costs: one snapshot is one count query, however many viewers.
 WEB_SNAPSHOTS = Counter(
     "darkroom_web_snapshots_total",
@@ -245,4 +251,8 @@ def queue_metrics(report: dict[str, Any]) -> bytes:
     TENANT_RATE_LIMIT.clear()  # a cleared limit's series goes with it
     for limit in report.get("limits", []):
         TENANT_RATE_LIMIT.labels(limit["tenant"]).set(limit["per_s"])
+    PAUSED.clear()  # a resumed scope's series ends
+    for pause in report.get("pauses", []):
+        tenant = "*" if pause["tenant"] is None else pause["tenant"]
+        PAUSED.labels(pause["lane"] or "*", tenant).set(1)
     return generate_latest(QUEUE_REGISTRY)

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from darkroom.store import keys
-from darkroom.store.db import Pool, translated
+from darkroom.store.db import Connection, Pool, translated
 
 # A first render moves `processing` → `processed` and publishes. A re-render (a processed
 # photo with a request) replaces renditions and facts in place: the photo stays processed,
@@ -171,7 +171,7 @@ RETURNING id
 
 @translated
 async def request_rerender(
-    pool: Pool, photo_ids: list[uuid.UUID], since: datetime | None
+    pool: Pool | Connection, photo_ids: list[uuid.UUID], since: datetime | None
 ) -> list[uuid.UUID]:
     """Mark processed photos (these, or all processed since a time) for a re-render; the
     ids that were marked. Photos in any other state are left alone."""
