@@ -448,3 +448,22 @@ ALTER TABLE photo_events ADD CONSTRAINT photo_events_type_check CHECK (type IN (
 -- by the first claim from its entry's `traceparent` field (never overwritten), so the feeder,
 -- the sweep and a replay put it on every later entry: one photo, one trace. NULL: untraced.
 ALTER TABLE photos ADD COLUMN IF NOT EXISTS traceparent text;
+
+-- ---- per-tenant rate limits ------------------------------------------------------------------
+-- The truth of each tenant's bulk rate (store/limits.py): the feeder reloads it every few
+-- seconds; Redis holds only each bucket's state (queue/buckets.py), recreated from here
+-- after a wipe. `per_s` 0 exempts the tenant from DARKROOM_TENANT_RATE; `interactive`
+-- charges its interactive photos too (docs/fairness.md, "Rate limits").
+CREATE TABLE IF NOT EXISTS tenant_limits (
+    tenant      text             PRIMARY KEY,
+    per_s       double precision NOT NULL CHECK (per_s >= 0 AND per_s <= 1000000),
+    burst       integer          NOT NULL CHECK (burst >= 1),
+    interactive boolean          NOT NULL DEFAULT false,
+    shown       text             NOT NULL,
+    updated_at  timestamptz      NOT NULL DEFAULT now()
+);
+-- The interactive uploads of a tenant charged for them, read by upload time every few
+-- seconds (feeder.py): only rows that name a tenant (most producers name none).
+CREATE INDEX IF NOT EXISTS photos_interactive_tenant_idx ON photos (tenant, created_at)
+    WHERE lane = 'interactive' AND tenant <> '';
+-- ---- end of per-tenant rate limits -----------------------------------------------------------

@@ -96,6 +96,7 @@ def test_migrate_creates_the_database_and_is_idempotent(file_env: Env) -> None:
             "bulk_action_items",
             "queue_pauses",
             "darkroom_schema",
+            "tenant_limits",
         }
         assert {t["tablename"] for t in tables} == names
         applied = env.query("SELECT sha256 FROM darkroom_schema")

@@ -51,6 +51,7 @@ from tests.interleave import (
 )
 from tests.interleave_audit import AuditRules
 from tests.interleave_bulk import BulkRules
+from tests.interleave_limits import LimitRules
 from tests.interleave_pause import PauseRules
 
 # `make test` runs this many schedules (about 3 minutes on 2 cores), `make chaos` ten times
@@ -72,7 +73,7 @@ TABLES = ("photo_events", "photo_attempts", "photo_jobs", "photos")
 SHM = Path("/dev/shm")  # storage fsyncs every put: on tmpfs that costs nothing
 
 
-class Interleavings(AuditRules, BulkRules, PauseRules, RuleBasedStateMachine):
+class Interleavings(AuditRules, BulkRules, PauseRules, LimitRules, RuleBasedStateMachine):
     rig: Rig  # set by the test on a subclass
 
     def __init__(self) -> None:

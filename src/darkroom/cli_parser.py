@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from darkroom import __version__
-from darkroom.operate import bulk, gc, ops, pause
+from darkroom.operate import bulk, gc, limits, ops, pause
 from darkroom.operate import events as events_command
 from darkroom.operate.progress import parse_rate
 from darkroom.queue.lanes import parse_lane, parse_tenant
@@ -120,6 +120,7 @@ SUBCOMMANDS = {
         "darkroom events --since 2026-12-01T09:00 --follow --json | jq .type",
     ),
     **bulk.SUBCOMMANDS,
+    "limits": limits.HELP,
 }
 
 
@@ -242,6 +243,7 @@ ARGUMENTS = {
     "attempts": _attempts_arguments,
     "events": _events_arguments,
     **bulk.ARGUMENTS,
+    "limits": limits.arguments,
 }
 pause.register(SUBCOMMANDS, ARGUMENTS)
 

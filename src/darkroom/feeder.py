@@ -5,7 +5,9 @@ go to the bulk stream in the scheduler's fair order, as a standing reserve of un
 entries (DARKROOM_BULK_AHEAD, or every live worker's regular places) topped up in one batch
 once workers say they took half of it. One feeder at a time across all workers: the holder
 of the feeder's leased duty (duty.py), which LISTENs on darkroom_intake on a dedicated
-connection while it holds it.
+connection while it holds it. A tenant over its rate (store/limits.py, queue/buckets.py) is
+charged as its photos are XADDed, once per batch, and held out of the fair order until its
+bucket has room: the other tenants take its turns.
 
 Ordering hazards, for each batch: the job rows before the XADDs (a claim must find them to
 lock), written under the duty's fence: a feeder that lost its lease learns it there and
@@ -28,14 +30,16 @@ from darkroom import metrics
 from darkroom.duty import Duty, Tenure
 from darkroom.errors import DarkroomError
 from darkroom.health import Clock, RealClock
+from darkroom.queue.buckets import Buckets, Charge
 from darkroom.queue.horizon import Horizon, Mark
 from darkroom.queue.lanes import entry_tenant
+from darkroom.queue.limits import Rate, Throttle
 from darkroom.queue.messages import task_fields, trace_fields
 from darkroom.queue.pauses import Paused
 from darkroom.queue.scheduler import Pending, Scheduler
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
-from darkroom.store import db, duties, intake
+from darkroom.store import db, duties, intake, limits
 
 log = structlog.get_logger("darkroom.feeder")
 
@@ -59,6 +63,8 @@ PAGE = 500
 TENANT_PAGE = 1_000
 BACKLOG_PAGE = 8  # photos loaded per tenant at a time: the order is decided late
 MAX_NOTIFIED = 10_000  # beyond this, the tenant scan finds them
+# How soon `darkroom limits set/clear` takes effect: the limits are one small table.
+LIMITS_EVERY_S = 2.0
 
 Fields = dict[str, str]
 
@@ -80,11 +86,16 @@ class Feeder:
     _bulk_due: bool = False  # a worker took bulk entries since the last top-up
     _reserve: int = 0
     _reserve_at: float = float("-inf")
+    _limits_at: float = float("-inf")
+    _uploads_after: datetime | None = None  # interactive uploads charged up to here
+    _owed: set[str] = field(default_factory=set)  # released, not yet fed since
     paused: Paused = field(default_factory=Paused)  # the worker's copy (pausing.py)
 
     def __post_init__(self) -> None:
         s = self.settings
         self.bulk = self.streams.for_lane("bulk")
+        self.throttle = Throttle(Rate(s.tenant_rate, s.tenant_burst))
+        self.buckets = Buckets(self.streams.client, self.bulk.stream)
         self.named = frozenset(dict(s.tenant_weights))
         self.scheduler = self._new_scheduler()
         self.duty = Duty(duties.FEEDER, self.pool, self.holder, s.duty_lease_s)
@@ -151,6 +162,8 @@ class Feeder:
     async def _serve(self, conn: intake.Connection, tenure: Tenure) -> None:
         """State is rebuilt from PostgreSQL on every takeover: a dead feeder's is lost."""
         self.scheduler = self._new_scheduler()
+        self.throttle.release_all()
+        self._limits_at, self._uploads_after = float("-inf"), None
         self._tenure = tenure
         await self.bulk.ensure_group()
         next_catch_up = next_scan = self.clock.now()
@@ -162,6 +175,10 @@ class Feeder:
             if now >= next_catch_up or (self._due_at is not None and now >= self._due_at):
                 await self._take_notified(conn)
                 next_catch_up = now + CATCH_UP_S
+            if now >= self._limits_at:
+                await self.load_limits(conn)
+                await self.charge_interactive(conn)
+                self._limits_at = now + LIMITS_EVERY_S
             await self._feed_bulk(conn)
             await self._rest(next_catch_up)
 
@@ -169,6 +186,8 @@ class Feeder:
         until = min(next_catch_up, self._due_at or next_catch_up)
         if len(self.scheduler):
             until = min(until, self.clock.now() + (0 if self._bulk_due else BULK_POLL_S))
+        if (held_until := self.throttle.next_due()) is not None:
+            until = min(until, held_until)
         self._woken = anyio.Event()
         if self.stopping.is_set():
             return
@@ -266,18 +285,29 @@ class Feeder:
         self.scheduler.hold(self.paused.tenants("bulk"))
         reserve = await self._reserve_size()
         room = reserve - await self.bulk.undelivered()
+        self._owed.update(self._released())
         if room < max(1, reserve // 2):
+            if self._owed and room > 0:
+                await self._feed_owed(conn, room)
             return  # half the reserve still waits: top up in batches, not photo by photo
+        self._owed.clear()  # released to the ring's head: this top-up starts with them
         if self.settings.tenant_max_in_flight:
             self.scheduler.settle(await intake.in_flight(conn))
         while room > 0 and (picked := await self._pick(conn, room)):
-            batch = [(p.photo_id, {**task_fields(p.photo_id), "tenant": entry_tenant(p.tenant)})
-                     for p in picked]  # fmt: skip
-            if not await self._enqueue(conn, self.bulk, batch):
+            if not (picked := await self._within_rates(picked)):
+                continue  # every tenant picked is held now: the others are picked next
+            if not await self._feed_picked(conn, picked):
                 return
-            metrics.FED.labels("bulk").inc(len(batch))
-            room -= len(batch)
+            room -= len(picked)
         metrics.BULK_TENANTS.set(len(self.scheduler))
+
+    async def _feed_picked(self, conn: intake.Connection, picked: list[Pending]) -> bool:
+        batch = [(p.photo_id, {**task_fields(p.photo_id), "tenant": entry_tenant(p.tenant)})
+                 for p in picked]  # fmt: skip
+        if not await self._enqueue(conn, self.bulk, batch):
+            return False
+        metrics.FED.labels("bulk").inc(len(batch))
+        return True
 
     async def _reserve_size(self) -> int:
         """DARKROOM_BULK_AHEAD, or (0) as many entries as the live bulk consumers have
@@ -311,3 +341,75 @@ class Feeder:
                 choice.tenant, [Pending(r["id"], r["tenant"], r["cost"]) for r in rows]
             )
         return picked
+
+    # -- rate limits ----------------------------------------------------------------------
+
+    async def load_limits(self, conn: intake.Connection) -> None:
+        """The tenants' own rates from PostgreSQL (the truth); a change releases every
+        held tenant, which its bucket then judges again."""
+        own = {t: Rate(lim.per_s, lim.burst, lim.interactive)
+               for t, lim in limits.limits_of(await limits.listed(conn)).items()}  # fmt: skip
+        for tenant in self.throttle.load(own):
+            self.scheduler.unthrottle(tenant)
+
+    async def charge_interactive(self, conn: intake.Connection) -> None:
+        """Tenants charged for their interactive photos (`limits set --interactive`): the
+        uploads since the last look, charged whatever the bucket holds (an upload is never
+        delayed; the tenant's bulk photos wait off the debt). From a takeover on: a dead
+        feeder's last window is not charged (an undercharge, never a double charge)."""
+        tenants = [t for t, rate in self.throttle.own.items() if rate.interactive and rate.limited]
+        counts, self._uploads_after = await limits.interactive_uploads(
+            conn, tenants, self._uploads_after, INTAKE_GRACE_MS / 1000
+        )
+        charges = [Charge(t, self.throttle.rate_of(t), n, force=True) for t, n in counts.items()]
+        await self.buckets.take(charges)
+
+    def _released(self) -> list[str]:
+        """Held tenants whose bucket has room again: back at the ring's head."""
+        released = self.throttle.due(self.clock.now())
+        for tenant in released:
+            self.scheduler.unthrottle(tenant, first=True)
+        return released
+
+    async def _feed_owed(self, conn: intake.Connection, room: int) -> None:
+        """Released tenants are fed as soon as the reserve has room, not at the next top-up
+        (half of it taken): a bucket left full loses the credit past its burst, and the
+        tenant would fall short of its rate. Only their photos, within the reserve, so a
+        limit never buys a tenant more than the reserve; the others' picks go back."""
+        owed, self._owed = self._owed, set()
+        most = min(room, sum(self.throttle.rate_of(t).photos_at_once for t in owed))
+        picked = await self._pick(conn, most)
+        for tenant, photos in _by_tenant([p for p in picked if p.tenant not in owed]).items():
+            self.scheduler.give_back(tenant, photos)
+        if admitted := await self._within_rates([p for p in picked if p.tenant in owed]):
+            await self._feed_picked(conn, admitted)
+
+    async def _within_rates(self, picked: list[Pending]) -> list[Pending]:
+        """The photos picked that their tenants' buckets admit (one script call for the
+        batch); the rest go back to the head of their tenant's line and the tenant is held
+        until its bucket has room. A photo refused is never lost: it is not marked fed."""
+        by_tenant = _by_tenant(picked)
+        rates = {tenant: self.throttle.rate_of(tenant) for tenant in by_tenant}
+        charges = [Charge(t, rates[t], len(by_tenant[t])) for t in by_tenant if rates[t].limited]
+        refused: set[uuid.UUID] = set()
+        answers = await self.buckets.take(charges)
+        for charge, (admitted, wait_s) in zip(charges, answers, strict=True):
+            if admitted < charge.photos:
+                self._hold(charge.tenant, by_tenant[charge.tenant][admitted:], wait_s)
+                refused.update(p.photo_id for p in by_tenant[charge.tenant][admitted:])
+        return [photo for photo in picked if photo.photo_id not in refused]
+
+    def _hold(self, tenant: str, photos: list[Pending], wait_s: float) -> None:
+        self.scheduler.give_back(tenant, photos)
+        self.scheduler.throttle(tenant)
+        self.throttle.hold(tenant, self.clock.now() + wait_s)
+        # A label of its own for a tenant weighted or with its own rate: operators name few.
+        own = tenant in self.named or tenant in self.throttle.own
+        metrics.THROTTLED.labels(tenant if own else metrics.OTHER_TENANT).inc()
+
+
+def _by_tenant(photos: list[Pending]) -> dict[str, list[Pending]]:
+    by_tenant: dict[str, list[Pending]] = {}
+    for photo in photos:
+        by_tenant.setdefault(photo.tenant, []).append(photo)
+    return by_tenant

@@ -133,6 +133,11 @@ BULK_TENANTS = Gauge("darkroom_bulk_tenants", "Tenants with bulk photos waiting 
 TENANT_PHOTOS = Counter("darkroom_tenant_photos_total", "Bulk photos rendered", ["tenant"])
 TENANT_PIXELS = Counter("darkroom_tenant_pixels_total", "Bulk pixels rendered", ["tenant"])
 OTHER_TENANT = "other"
+THROTTLED = Counter(
+    "darkroom_tenant_throttled_total",
+    "Bulk batches in which a tenant's rate held photos back (the tenant waited)",
+    ["tenant"],
+)
 
 
 def count_tenant_done(tenant: str, pixels: int, named: Collection[str]) -> None:
@@ -228,6 +233,13 @@ LANE_OLDEST_WAIT_SECONDS = Gauge(
     ["lane"],
     registry=QUEUE_REGISTRY,
 )
+# The tenants' own rates (PostgreSQL's tenant_limits; 0: exempt from DARKROOM_TENANT_RATE).
+TENANT_RATE_LIMIT = Gauge(
+    "darkroom_tenant_rate_limit",
+    "A tenant's own bulk rate limit, photos per second",
+    ["tenant"],
+    registry=QUEUE_REGISTRY,
+)
 PAUSED = Gauge(
     "darkroom_paused",
     "1 for each scope an operator paused ('*': every lane or every tenant)",
@@ -273,6 +285,9 @@ def queue_metrics(report: dict[str, Any]) -> bytes:
         LANE_LENGTH.labels(lane).set(numbers["length"])
         LANE_LAG.labels(lane).set(numbers["lag"] or 0)
         LANE_OLDEST_WAIT_SECONDS.labels(lane).set(numbers.get("oldest_wait_s") or 0)
+    TENANT_RATE_LIMIT.clear()  # a cleared limit's series goes with it
+    for limit in report.get("limits", []):
+        TENANT_RATE_LIMIT.labels(limit["tenant"]).set(limit["per_s"])
     PAUSED.clear()  # a resumed scope's series ends
     for pause in report.get("pauses", []):
         tenant = "*" if pause["tenant"] is None else pause["tenant"]

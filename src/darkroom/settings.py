@@ -198,6 +198,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     bulk_ahead: int = 0
     tenant_weights: tuple[tuple[str, int], ...] = ()
     tenant_max_in_flight: int = 0  # 0: no cap
+    # Every tenant's bulk rate (photos per second, 0: unlimited) and burst (photos at once
+    # after an idle spell, 0: one second's worth) unless `darkroom limits set` names its own.
+    tenant_rate: float = 0.0
+    tenant_burst: int = 0
 
     @property
     def bulk_stream_key(self) -> str:

@@ -1,11 +1,13 @@
 """Converters from one environment or URL-option text to its value, raising ValueError with
-the reason: numbers with a floor, URLs, ports, tokens, keys, header values, booleans and
-tenant weights. darkroom.config.env and darkroom.config.redis_url build their tables of them.
+the reason: numbers with a floor, URLs, ports, tokens, keys, header values, booleans,
+tenant weights and rates. darkroom.config.env and darkroom.config.redis_url build their
+tables of them.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -114,6 +116,14 @@ def parse_weights(text: str) -> tuple[tuple[str, int], ...]:
             raise ValueError(f"{item!r} is not tenant=weight (a whole number 1..1000)")
         weights[tenant] = int(raw)
     return tuple(weights.items())
+
+
+def rate_per_s(text: str) -> float:
+    """`N/s`, `N/m` or a bare `N` (per second), N >= 0: photos per second (0: unlimited)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:/\s*([sm]))?\s*", text)
+    if not match:
+        raise ValueError(f"rate must be at least 0: N/s, N/m or N (per second), got {text!r}")
+    return float(match[1]) / (60.0 if match[2] == "m" else 1.0)
 
 
 def operator_name(raw: str) -> str:

@@ -48,6 +48,8 @@ MINIMUMS: dict[str, float] = {
     "bulk_floor": 0.0,  # a share, at most 1 (from_env)
     "bulk_ahead": 0,  # 0: sized from the live workers' places
     "tenant_max_in_flight": 0,
+    "tenant_rate": 0.0,  # 0: unlimited
+    "tenant_burst": 0,  # 0: one second's worth of the rate
 }
 
 
@@ -114,6 +116,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "bulk_ahead": _bounded("bulk_ahead", int),
     "tenant_weights": convert.parse_weights,
     "tenant_max_in_flight": _bounded("tenant_max_in_flight", int),
+    "tenant_rate": convert.rate_per_s,
+    "tenant_burst": _bounded("tenant_burst", int),
 }
 
 

@@ -19,7 +19,7 @@ from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.services import services
 from darkroom.settings import Settings, servers
-from darkroom.store import db, duties, intake, pauses, views
+from darkroom.store import db, duties, intake, limits, pauses, views
 from darkroom.store import lanes as store_lanes
 
 # What a bulk (re-)enqueue prints instead of an entry id: the feeder enqueues it.
@@ -57,6 +57,7 @@ async def status_report(pool: db.Pool, streams: Streams) -> dict[str, Any]:
     report = {**await streams.status(), "photos": by_state, "failures": failures,
               "photos_estimated": estimated,
               "duties": await duties.holders(pool), "leased": await views.leased(pool),
+              "limits": await limits.listed(pool),
               "pauses": await pauses.active(pool)}  # fmt: skip
     mark_idle(report["consumers"])
     for lane in report["lanes"].values():
@@ -76,7 +77,8 @@ def mark_idle(consumers: list[dict[str, Any]], bound_ms: int = IDLE_BOUND_MS) ->
 
 async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     async with services(settings, 1) as (pool, streams):
-        report = {"servers": servers(settings), **await status_report(pool, streams)}
+        report = {"servers": servers(settings), **await status_report(pool, streams),
+                  "tenant_rate_per_s": settings.tenant_rate}  # fmt: skip
     if args.json:
         print(msgspec.json.encode(report).decode())
     else:
@@ -103,6 +105,10 @@ def _format_status(report: dict[str, Any]) -> str:
           + (stale if c["idle_past_bound"] else "") for c in report["consumers"]),
         "rendering now (held by live job leases)",
         *(f"  {r['lane']:<12} {r['tenant'] or '-':<20} {r['n']}" for r in report.get("leased", [])),
+        f"rate limits (own; other tenants: {report.get('tenant_rate_per_s') or 0:g}/s, 0 none)",
+        *(f"  {lim['tenant']:<20} {lim['shown']:<10} burst={lim['burst']}"
+          + ("  interactive too" if lim["interactive"] else "")
+          for lim in report.get("limits", [])),
         "duties (single runners: who holds each lease, since when, until when)",
         *(_duty_line(d) for d in report.get("duties", [])),
         "photos by state" + (ESTIMATED if report.get("photos_estimated") else ""),

@@ -1,7 +1,8 @@
 """Which bulk photo next: deficit round robin over the backlogged tenants, charged by cost.
 
-Pure (no I/O, no clock). The feeder loads each tenant's oldest photos on request (`Refill`)
-and reports the tenants' in-flight counts (`settle`); every decision is taken here.
+Pure (no I/O, no clock). The feeder loads each tenant's oldest photos on request (`Refill`),
+reports the tenants' in-flight counts (`settle`) and holds back a tenant over its rate
+(`hold`, `give_back`, `release`); every decision is taken here.
 See docs/fairness.md for the design and the alternatives rejected.
 """
 
@@ -67,6 +68,7 @@ class Scheduler:
         self._ring: deque[str] = deque()
         self._parked: set[str] = set()
         self._held: frozenset[str] = frozenset()  # paused tenants: parked, as if capped
+        self._throttled: set[str] = set()  # over their rate: out of the ring until released
 
     def __len__(self) -> int:
         """Backlogged tenants known (in the ring or parked at their cap)."""
@@ -112,6 +114,34 @@ class Scheduler:
             self._parked.discard(tenant)
             self._enter(tenant)
 
+    def give_back(self, tenant: str, photos: list[Pending]) -> None:
+        """Photos picked but not started (the tenant's rate refused them): first in its
+        line again, their charge and in-flight count undone."""
+        state = self._tenants[tenant]
+        state.loaded.extendleft(reversed(photos))
+        state.deficit += sum(photo.charge for photo in photos)
+        self.in_flight[tenant] = max(0, self.in_flight.get(tenant, 0) - len(photos))
+
+    def throttle(self, tenant: str) -> None:
+        """Out of the ring until `unthrottle`: the others take its turns (work conserving).
+        It keeps its photos and, like a capped tenant, no credit saved up meanwhile."""
+        if tenant not in self._tenants or tenant in self._throttled:
+            return
+        if tenant in self._ring:  # O(ring): once per batch a held tenant, not per photo
+            self._ring.remove(tenant)
+        self._parked.discard(tenant)
+        self._throttled.add(tenant)
+        state = self._tenants[tenant]
+        state.deficit = min(state.deficit, 0)
+
+    def unthrottle(self, tenant: str, first: bool = False) -> None:
+        """Back into the ring (parked, if paused or at its cap): at its tail, or `first` at
+        its head (its bucket has room now, and it lost its turns while held: a late turn is
+        credit its bucket cannot keep, past its burst)."""
+        if tenant in self._throttled:
+            self._throttled.discard(tenant)
+            self._enter(tenant, first)
+
     def hold(self, tenants: frozenset[str]) -> None:
         """The paused tenants: none of their photos starts (they keep no credit while held,
         as a capped tenant), and those no longer paused rejoin the ring's tail."""
@@ -138,12 +168,15 @@ class Scheduler:
         self._ring.rotate(-1)
         state.fresh_turn = True
 
-    def _enter(self, tenant: str) -> None:
+    def _enter(self, tenant: str, first: bool = False) -> None:
         if self._capped(tenant):
             self._parked.add(tenant)
             return
+        if first and self._ring:  # the head's turn resumes after it, credit and all
+            self._ring.appendleft(tenant)
+        else:
+            self._ring.append(tenant)
         self._tenants[tenant].fresh_turn = True
-        self._ring.append(tenant)
 
     def _capped(self, tenant: str) -> bool:
         if tenant in self._held:
