@@ -1,10 +1,12 @@
 """Where a trace shows up outside the trace viewer: the exemplars of a traced worker's
-histograms (OpenMetrics, only when the scraper asks) and the photo page's link to the trace
-viewer (DARKROOM_TRACE_URL), from real worker processes exporting to
-the loopback OTLP receiver of tests/test_tracing.py."""
+histograms (OpenMetrics, only when the scraper asks; the header reading that negotiation needs
+never strands a bare probe) and the photo page's link to the trace viewer
+(DARKROOM_TRACE_URL), from real worker processes exporting to the loopback OTLP receiver of
+tests/test_tracing.py."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import subprocess
@@ -106,3 +108,24 @@ def page_when_up(url: str, proc: subprocess.Popen[str]) -> str:
         except httpx.TransportError:
             assert proc.poll() is None and time.monotonic() < deadline, "darkroom web did not start"
             time.sleep(0.1)
+
+
+def test_a_probe_that_never_ends_its_headers_is_still_answered() -> None:
+    """Reading the Accept header never strands a bare probe: a request line with no blank
+    line after it gets its answer once the header wait passes, not a dropped connection."""
+
+    async def probe() -> bytes:
+        server = await metrics.serve(0, lambda: (True, {}))
+        port = server.sockets[0].getsockname()[1]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /livez HTTP/1.0\r\n")
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 30)
+            writer.close()
+            return answer
+        finally:
+            server.close()
+
+    answer = asyncio.run(probe())
+    assert answer.startswith(b"HTTP/1.0 200 OK") and answer.endswith(b"ok\n")

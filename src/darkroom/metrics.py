@@ -156,7 +156,7 @@ async def serve(port: int, ready: Readiness) -> asyncio.Server:
         try:
             request = await asyncio.wait_for(reader.readline(), 5)
             path = request.split(b" ")[1].decode() if request.count(b" ") >= 2 else "/"
-            accept = await asyncio.wait_for(_accept_header(reader), 5)
+            accept = await _accept_header(reader)
             status, ctype, body = _route(path, ready, accept)
             head = f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
             writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
@@ -170,10 +170,15 @@ async def serve(port: int, ready: Readiness) -> asyncio.Server:
 
 
 async def _accept_header(reader: asyncio.StreamReader) -> str:
-    """The request's Accept header ("" if none), its other headers read and dropped."""
+    """The request's Accept header ("" if none), its other headers read and dropped; a client
+    that never ends its headers is answered as one without (as before headers were read)."""
     accept = ""
     for _ in range(_MAX_HEADERS):
-        line = (await reader.readline()).decode("latin-1").strip()
+        try:
+            raw = await asyncio.wait_for(reader.readline(), _HEADER_WAIT_S)
+        except TimeoutError:
+            break
+        line = raw.decode("latin-1").strip()
         if not line:
             break
         name, _, value = line.partition(":")
@@ -184,6 +189,7 @@ async def _accept_header(reader: asyncio.StreamReader) -> str:
 
 # Enough for any scraper or probe; a client sending more is cut off, not waited for.
 _MAX_HEADERS = 100
+_HEADER_WAIT_S = 1.0
 
 
 def _route(path: str, ready: Readiness, accept: str = "") -> tuple[str, str, bytes]:
