@@ -26,8 +26,10 @@ def _cameras() -> dict[str, tuple[bytes, str]]:
     return {
         "dng": (rawcraft.tiff_raw("Leica Camera AG", layout="dng"), "Leica Camera AG"),
         "cr2": (rawcraft.cr2(), "Canon"),
-        "nef": (rawcraft.tiff_raw("NIKON CORPORATION", order=">", layout="subifd-jpeg"),
-                "NIKON CORPORATION"),  # fmt: skip
+        "nef": (
+            rawcraft.tiff_raw("NIKON CORPORATION", order=">", layout="subifd-jpeg"),
+            "NIKON CORPORATION",
+        ),
         "arw": (rawcraft.tiff_raw("SONY", layout="ifd0-jpeg"), "SONY"),
         "rw2": (rawcraft.tiff_raw("Panasonic", layout="rw2", magic=b"IIU\0"), "Panasonic"),
         "orf": (rawcraft.tiff_raw("OLYMPUS IMAGING CORP.", magic=b"IIRO"), "OLYMPUS IMAGING CORP."),
@@ -92,7 +94,9 @@ def test_refusals_through_the_worker(file_env: Env, tmp_path: Path) -> None:
         paths[-1].write_bytes(data)
     ids = file_env.ingest(paths)
     file_env.cli("run", "--drain", DARKROOM_RENDITIONS=RENDITIONS, DARKROOM_MAX_PIXELS="50000000")
-    rows = {r["id"]: r for r in file_env.query("SELECT id, processing_state, error_code FROM photos")}
+    rows = {
+        r["id"]: r for r in file_env.query("SELECT id, processing_state, error_code FROM photos")
+    }
     for photo_id, path in zip(ids, paths, strict=True):
         expected = path.name.split("-")[0]
         assert (rows[photo_id]["processing_state"], rows[photo_id]["error_code"]) == (

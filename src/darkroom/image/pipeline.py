@@ -65,6 +65,9 @@ class Source(msgspec.Struct, frozen=True):
     hdr: str | None = None
 
 
+_Decoded = tuple[pyvips.Image, Source]
+
+
 class Facts(msgspec.Struct, frozen=True):
     """What the original is and what a gallery shows before the pixels arrive."""
 
@@ -129,8 +132,7 @@ def sniff(data: bytes) -> str:
         return "webp"
     if data[4:8] == b"ftyp":
         return _heif_kind(data)
-    raw_kind = raw.kind(data)
-    if raw_kind:
+    if raw_kind := raw.kind(data):
         return raw_kind
     raise UnsupportedFormatError("content is not an allowed image format")
 
@@ -242,9 +244,7 @@ def _decode(data: bytes, fmt: str, specs: Specs, max_pixels: int) -> tuple[pyvip
     return _finish(image), source
 
 
-def _decode_raw(
-    data: bytes, fmt: str, specs: Specs, max_pixels: int
-) -> tuple[pyvips.Image, Source]:
+def _decode_raw(data: bytes, fmt: str, specs: Specs, max_pixels: int) -> _Decoded:
     """A RAW's embedded JPEG preview through the JPEG path; its facts from the RAW's EXIF."""
     found = raw.preview(data, fmt, crops.decode_edge(specs, 0, 0), max_pixels)
     image, source = _decode(found.jpeg, "jpeg", specs, max_pixels)
