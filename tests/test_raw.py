@@ -5,12 +5,13 @@ when no preview will do, when the header claims too many pixels, or when damaged
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 import pyvips
 
-from darkroom.errors import CorruptImageError, UnsupportedFormatError
+from darkroom.errors import CorruptImageError, DarkroomError, UnsupportedFormatError
 from darkroom.image import pipeline, raw
 from darkroom.settings import RenditionSpec
 from tests import rawcraft
@@ -138,3 +139,25 @@ def test_selfcheck_decodes_the_dng_sample() -> None:
 
     [check] = [c for c in selfcheck.run([]) if c.name == "decode dng"]
     assert check.ok, check.detail
+
+
+def test_damaged_raw_files_give_codes_never_crashes() -> None:
+    """Truncations and byte flips of every kind end in a render or a coded error only."""
+    rng, outcomes = random.Random(20261205), []
+    for data, _ in _cameras().values():
+        for _ in range(60):
+            cut = rng.randrange(8, len(data)) if rng.random() < 0.3 else len(data)
+            damaged = bytearray(data[:cut])
+            for _ in range(rng.randrange(1, 6)):
+                damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+            outcomes.append(_outcome(bytes(damaged)))
+    assert set(outcomes) <= {"rendered", "unsupported_format", "corrupt_image", "image_too_large"}
+    assert {"rendered", "corrupt_image"} <= set(outcomes)  # the damage reached both ways
+
+
+def _outcome(data: bytes) -> str:
+    try:
+        pipeline.render(data, SPECS, 100_000_000)
+    except DarkroomError as exc:
+        return exc.code
+    return "rendered"

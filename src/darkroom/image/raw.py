@@ -181,8 +181,9 @@ class _Tiff:
             tags = self.ifd(offset)
             if index == 0:
                 orientation = (self.values(tags.get(_ORIENTATION)) or [1])[0]
-            if _WIDTH in tags and _HEIGHT in tags:
-                images.append((self.values(tags[_WIDTH])[0], self.values(tags[_HEIGHT])[0]))
+            size = self.values(tags.get(_WIDTH))[:1] + self.values(tags.get(_HEIGHT))[:1]
+            if len(size) == 2:
+                images.append((size[0], size[1]))
             spans += self._spans(tags)
         return images, spans, orientation if 1 <= orientation <= 8 else 1
 
@@ -214,7 +215,10 @@ class _Tiff:
         entries = {}
         for i in range(count):
             tag, kind_, n = self._unpack("HHI", offset + 2 + 12 * i)
-            entries[tag] = (kind_, n, self.data[offset + 10 + 12 * i : offset + 14 + 12 * i])
+            value = self.data[offset + 10 + 12 * i : offset + 14 + 12 * i]
+            if len(value) < 4:
+                raise CorruptImageError("TIFF IFD cut short by the end of the file")
+            entries[tag] = (kind_, n, value)
         return entries
 
     def _next(self, offset: int) -> int:
