@@ -31,6 +31,7 @@ from darkroom.image import (
     heifedit,
     isobmff,
     placeholders,
+    raw,
     tonemap,
 )
 from darkroom.settings import RenditionSpec
@@ -62,6 +63,9 @@ class Source(msgspec.Struct, frozen=True):
     icc: bytes | None = None
     exif: bytes | None = None
     hdr: str | None = None
+
+
+_Decoded = tuple[pyvips.Image, Source]
 
 
 class Facts(msgspec.Struct, frozen=True):
@@ -117,7 +121,7 @@ def configure() -> None:
 
 
 def sniff(data: bytes) -> str:
-    """Name the format from magic bytes: jpeg, png, gif, webp, heic, avif; else raise."""
+    """Name the format from magic bytes: jpeg, png, gif, webp, heic, avif, raw.KINDS."""
     if data[:3] == b"\xff\xd8\xff":
         return "jpeg"
     if data[:8] == b"\x89PNG\r\n\x1a\n":
@@ -128,6 +132,8 @@ def sniff(data: bytes) -> str:
         return "webp"
     if data[4:8] == b"ftyp":
         return _heif_kind(data)
+    if raw_kind := raw.kind(data):
+        return raw_kind
     raise UnsupportedFormatError("content is not an allowed image format")
 
 
@@ -135,6 +141,8 @@ def _heif_kind(data: bytes) -> str:
     size = int.from_bytes(data[:4], "big")
     box = data[8 : max(16, min(size, 256))]
     brands = {box[i : i + 4] for i in range(0, len(box) - 3, 4)}
+    if raw.is_cr3(brands):
+        return "cr3"
     if brands & _AVIF_BRANDS:
         return "avif"
     if brands & _HEIC_BRANDS or brands & _HEIF_BRANDS:
@@ -147,7 +155,8 @@ def render(data: bytes, specs: Iterable[RenditionSpec], max_pixels: int) -> Rend
     specs = sorted(specs, key=lambda s: s.size, reverse=True)
     fmt = sniff(data)
     try:
-        base, source = _decode(data, fmt, specs, max_pixels)
+        decode = _decode_raw if fmt in raw.KINDS else _decode
+        base, source = decode(data, fmt, specs, max_pixels)
         renditions, smallest = _cascade(base, specs)
         facts = _facts(smallest, source, hashlib.sha256(data).hexdigest())
         return RenderResult(facts, renditions)
@@ -233,6 +242,13 @@ def _decode(data: bytes, fmt: str, specs: Specs, max_pixels: int) -> tuple[pyvip
                     _blob(header, "exif-data"), gainmap.GAINMAP if with_map else hdr)  # fmt: skip
     image = _tone_mapped(image if with_map else gainmap.drop(image), hdr, container)
     return _finish(image), source
+
+
+def _decode_raw(data: bytes, fmt: str, specs: Specs, max_pixels: int) -> _Decoded:
+    """A RAW's embedded JPEG preview through the JPEG path; its facts from the RAW's EXIF."""
+    found = raw.preview(data, fmt, crops.decode_edge(specs, 0, 0), max_pixels)
+    image, source = _decode(found.jpeg, "jpeg", specs, max_pixels)
+    return image, msgspec.structs.replace(source, format=fmt, exif=found.exif or source.exif)
 
 
 def _tone_mapped(
