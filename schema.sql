@@ -6,7 +6,8 @@ CREATE TABLE IF NOT EXISTS photos (
     original_key     text        NOT NULL,
     processing_state text        NOT NULL DEFAULT 'uploaded'
         CONSTRAINT photos_processing_state_check
-        CHECK (processing_state IN ('uploaded', 'processing', 'processed', 'processing_failed')),
+        CHECK (processing_state IN ('uploaded', 'processing', 'processed', 'processing_failed',
+                                    'erased')),
     visibility       text        NOT NULL DEFAULT 'unpublished'
         CONSTRAINT photos_visibility_check
         CHECK (visibility IN ('unpublished', 'published')),
@@ -230,7 +231,8 @@ CREATE TABLE IF NOT EXISTS photo_events (
     photo_id     uuid        NOT NULL,
     type         text        NOT NULL CONSTRAINT photo_events_type_check CHECK (type IN (
         'darkroom.photo.published', 'darkroom.photo.failed',
-        'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed')),
+        'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
+        'darkroom.photo.erased')),
     data         jsonb       NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
     published_at timestamptz
@@ -371,3 +373,28 @@ END $$;
 CREATE OR REPLACE TRIGGER operator_actions_append_only BEFORE UPDATE ON operator_actions
     FOR EACH ROW EXECUTE FUNCTION darkroom_audit_append_only();
 -- ---- end of the audit trail -------------------------------------------------------------------
+
+-- ---- erasure ------------------------------------------------------------------------------
+-- `darkroom erase` (store/erasure.py): a terminal state no claim takes (CLAIM_SQL sees an
+-- erased row as no row: `skipped`), `erased_at` when it happened, and its event. A database
+-- made before erasure has the narrower checks: replaced once, NOT VALID (every existing row
+-- passes the narrower one, so nothing needs a scan under the table's lock).
+ALTER TABLE photos ADD COLUMN IF NOT EXISTS erased_at timestamptz;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'photos_processing_state_check'
+                   AND pg_get_constraintdef(oid) LIKE '%erased%') THEN
+        ALTER TABLE photos DROP CONSTRAINT IF EXISTS photos_processing_state_check,
+            ADD CONSTRAINT photos_processing_state_check CHECK (processing_state IN (
+                'uploaded', 'processing', 'processed', 'processing_failed', 'erased')) NOT VALID;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'photo_events_type_check'
+                   AND pg_get_constraintdef(oid) LIKE '%erased%') THEN
+        ALTER TABLE photo_events DROP CONSTRAINT IF EXISTS photo_events_type_check,
+            ADD CONSTRAINT photo_events_type_check CHECK (type IN (
+                'darkroom.photo.published', 'darkroom.photo.failed',
+                'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
+                'darkroom.photo.erased')) NOT VALID;
+    END IF;
+END $$;
+-- ---- end of erasure -----------------------------------------------------------------------

@@ -27,7 +27,7 @@ from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
 from darkroom.image.cost import cost_of
 from darkroom.image.renderer import isolated
-from darkroom.operate import audit, gc, history, ops, web
+from darkroom.operate import audit, erase, gc, history, ops, web
 from darkroom.operate import events as events_command
 from darkroom.operate.progress import Progress
 from darkroom.queue.messages import task_fields
@@ -262,4 +262,5 @@ COMMANDS = {
     "attempts": history.cmd_attempts,
     "events": events_command.cmd_events,
     "audit": audit.cmd_audit,
+    "erase": erase.cmd_erase,
 }

@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from darkroom import __version__
+from darkroom.operate import erase, gc, ops
 from darkroom.operate import events as events_command
-from darkroom.operate import gc, ops
 from darkroom.operate.progress import parse_rate
 from darkroom.queue.lanes import parse_lane, parse_tenant
 
@@ -119,6 +119,7 @@ SUBCOMMANDS = {
         "replay photo events from PostgreSQL in order (--follow: then print new ones)",
         "darkroom events --since 2026-12-01T09:00 --follow --json | jq .type",
     ),
+    "erase": erase.HELP,
 }
 
 
@@ -173,7 +174,7 @@ def _dlq_arguments(dlq: argparse.ArgumentParser) -> None:
 
 def _photos_arguments(photos: argparse.ArgumentParser) -> None:
     photos.add_argument(
-        "--state", choices=["uploaded", "processing", "processed", "processing_failed"]
+        "--state", choices=["uploaded", "processing", "processed", "processing_failed", "erased"]
     )
     photos.add_argument("--limit", type=int, default=50)
     photos.add_argument("--json", action="store_true")
@@ -231,6 +232,7 @@ ARGUMENTS = {
     "gc": _gc_arguments,
     "attempts": _attempts_arguments,
     "events": _events_arguments,
+    "erase": erase.add_arguments,
 }
 
 
