@@ -49,6 +49,7 @@ from tests.interleave import (
     hand,
     install,
 )
+from tests.interleave_erase import EraseRules
 
 # `make test` runs this many schedules (about 3 minutes on 2 cores), `make chaos` ten times
 # as many; DARKROOM_SCHEDULE_SEED replays the run a failure printed.
@@ -69,7 +70,7 @@ TABLES = ("photo_events", "photo_attempts", "photo_jobs", "photos")
 SHM = Path("/dev/shm")  # storage fsyncs every put: on tmpfs that costs nothing
 
 
-class Interleavings(RuleBasedStateMachine):
+class Interleavings(EraseRules, RuleBasedStateMachine):
     rig: Rig  # set by the test on a subclass
 
     def __init__(self) -> None:
@@ -387,6 +388,7 @@ class Interleavings(RuleBasedStateMachine):
             if not worked:
                 break
         await promises.after_the_drain(self.world, self.photos)
+        await self.erased_left_nothing()
 
     async def _clean_up(self) -> None:
         everyone = self.hands + self.dead
