@@ -1,5 +1,5 @@
 """Actions behind the operator token: replay dead letters, retry a photo, restore its
-original; and the login/logout forms that set the session cookie."""
+original, erase a photo; and the login/logout forms that set the session cookie."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from darkroom.operate import ops
+from darkroom.operate import erase, ops
 from darkroom.operate.web.auth import COOKIE, Session
 from darkroom.operate.web.pages import photo_or_404
 from darkroom.operate.web.render import deps, json_response, render, set_session_cookie
+from darkroom.store import audit
 
 log = structlog.get_logger("darkroom.web")
 REPLAY_MAX = 1000  # letters replayed per click; the page says when more remain
@@ -99,6 +100,29 @@ async def restore_original(request: Request) -> Response:
     log.info("original restored", via=kind, photo_id=str(row["id"]), key=row["original_key"],
              bytes=len(data), retried=retried)  # fmt: skip
     return done(kind, f"/photos/{row['id']}", {"restored": len(data), "retried": retried})
+
+
+async def erase_photo(request: Request) -> Response:
+    """`darkroom erase` of one photo, confirmed by typing `erase`, with a reason; the audit
+    row names the page and how the operator signed in (session or token)."""
+    kind, form = await authorize(request)
+    d = deps(request)
+    row = await photo_or_404(request)
+    reason = str(form.get("reason") or "").strip()
+    if form.get("confirm") != "erase" or not reason:
+        raise HTTPException(400, "type `erase` to confirm, and give a reason")
+    original = bool(form.get("original"))
+    action = audit.Action(
+        operator="token" if kind == "bearer" else "session", via="page", action="erase",
+        selection={"photo_ids": [row["id"]], "original": original}, reason=reason,
+    )  # fmt: skip
+    tally = await erase.erase_photos(
+        d.pool, d.storage, [row["id"]], action, original=original, dry_run=False,
+        say=lambda _: None,
+    )  # fmt: skip
+    log.info("photo erased", via=kind, photo_id=str(row["id"]), **tally)
+    payload = {"erased": True, "deleted": tally["deleted"], "failed": tally["failed"]}
+    return done(kind, f"/photos/{row['id']}", payload)
 
 
 def safe_next(raw: object) -> str:
