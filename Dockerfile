@@ -24,9 +24,10 @@ RUN python -m venv /opt/uv \
 COPY pyproject.toml uv.lock README.md schema.sql ./
 COPY src ./src
 # --locked: a lock that pyproject.toml outgrew fails the build; --no-editable: the venv is
-# self-contained and /app/src is not needed later; no dependency group (tests, bench).
+# self-contained and /app/src is not needed later; no dependency group (tests, bench);
+# --extra tracing: the OpenTelemetry SDK and exporter, imported only when an OTLP endpoint is set.
 # Every dependency ships wheels; there is no compiler here, so an sdist fails loudly.
-RUN /opt/uv/bin/uv sync --locked --no-dev --no-editable --python python3 \
+RUN /opt/uv/bin/uv sync --locked --no-dev --no-editable --extra tracing --python python3 \
  && /opt/venv/bin/python -c "import importlib.resources as r, pyvips, pi_heif; \
 assert r.files('darkroom.store').joinpath('schema.sql').is_file(), 'schema.sql not packaged'"
 ENV PATH=/opt/venv/bin:$PATH

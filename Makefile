@@ -18,6 +18,10 @@ TOOLS := .tools
 UV    := $(TOOLS)/bin/uv
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
+# Installed packages get their bytecode at install time, as in the image: a process then
+# starts in about a third of the CPU where PYTHONDONTWRITEBYTECODE is set (this project's
+# machines set it), which every worker, CLI call and test subprocess pays.
+export UV_COMPILE_BYTECODE := 1
 SYNC  := $(UV) sync --quiet --locked --python $(PYTHON)
 
 $(UV): requirements-uv.txt
@@ -78,7 +82,11 @@ examples/node/node_modules: examples/node/package-lock.json
 	cd examples/node && npm ci --no-audit --no-fund
 	touch $@
 
+# darkroom's own modules too (an editable install is not compiled by the sync).
+COMPILE := $(BIN)/python -m compileall -q src
+
 pytest: $(STAMP) services /usr/bin/chromium $(PROMTOOL) examples/node/node_modules
+	@$(COMPILE)
 	$(BIN)/pytest -q
 
 test: lint imports typecheck pytest
@@ -86,6 +94,7 @@ test: lint imports typecheck pytest
 # 3 workers, 520 photos, SIGKILL/SIGSTOP/Redis restart/PG and S3 faults (docs/reliability.md),
 # then ten times the interleaving test's schedules of `make test`.
 chaos: $(STAMP) services
+	@$(COMPILE)
 	$(BIN)/pytest -m chaos -s tests/chaos
 	DARKROOM_SCHEDULES=5000 $(BIN)/pytest -q tests/test_interleavings.py
 
@@ -106,6 +115,7 @@ bench/sharp/node_modules: bench/sharp/package-lock.json
 	  else echo "npm not found: bench/limit.py reports the sharp column as n/a" >&2; fi
 
 bench: $(BENCH_STAMP) services bench/sharp/node_modules
+	@$(COMPILE)
 	@for script in $(BENCH_SCRIPTS); do \
 	  echo "== $$script" >&2; $(BIN)/python $$script --out docs/benchmarks.md || exit 1; done
 

@@ -187,6 +187,14 @@ EXCEPTION WHEN duplicate_object THEN NULL;
 END $$;
 -- ---- end of HDR originals -----------------------------------------------------------------
 
+-- ---- focal point --------------------------------------------------------------------------
+-- Where a crop=attention rendition centres its box (libvips attention), as x and y in 0..1
+-- of the upright original, for clients that crop on their own; NULL until (re)rendered.
+ALTER TABLE photos
+    ADD COLUMN IF NOT EXISTS focal_x real CHECK (focal_x BETWEEN 0 AND 1),
+    ADD COLUMN IF NOT EXISTS focal_y real CHECK (focal_y BETWEEN 0 AND 1);
+-- ---- end of focal point -------------------------------------------------------------------
+
 -- ---- attempt history ----------------------------------------------------------------------
 -- One row per delivery that reached a worker (docs/history.md). A claimed delivery's row
 -- is inserted `running` by its claim and finished by its publish, or by one UPDATE when it
@@ -232,7 +240,7 @@ CREATE TABLE IF NOT EXISTS photo_events (
     type         text        NOT NULL CONSTRAINT photo_events_type_check CHECK (type IN (
         'darkroom.photo.published', 'darkroom.photo.failed',
         'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
-        'darkroom.photo.erased')),
+        'darkroom.queue.paused', 'darkroom.queue.resumed', 'darkroom.photo.erased')),
     data         jsonb       NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
     published_at timestamptz
@@ -259,7 +267,8 @@ SELECT jsonb_build_object(
                  'lens_model', p.lens_model, 'original_sha256', p.original_sha256,
                  'has_alpha', p.has_alpha, 'frames', p.frames,
                  'source_profile', p.source_profile, 'latitude', p.latitude,
-                 'longitude', p.longitude, 'hdr', p.hdr))
+                 'longitude', p.longitude, 'hdr', p.hdr,
+                 'focal_x', p.focal_x, 'focal_y', p.focal_y))
              || CASE WHEN p.exposure IS NULL OR p.exposure = 'null'::jsonb THEN '{}'::jsonb
                      ELSE jsonb_build_object('exposure', p.exposure) END,
     'thumbhash', p.thumbhash,
@@ -365,6 +374,8 @@ CREATE TABLE IF NOT EXISTS operator_actions (
 );
 CREATE INDEX IF NOT EXISTS operator_actions_at_idx ON operator_actions (at, id);
 CREATE INDEX IF NOT EXISTS operator_actions_action_idx ON operator_actions (action_id);
+-- `darkroom audit --action` and the page's filter: one action's rows newest first, O(limit).
+CREATE INDEX IF NOT EXISTS operator_actions_action_at_idx ON operator_actions (action, at, id);
 CREATE OR REPLACE FUNCTION darkroom_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'operator_actions rows are never updated in place'
@@ -374,11 +385,77 @@ CREATE OR REPLACE TRIGGER operator_actions_append_only BEFORE UPDATE ON operator
     FOR EACH ROW EXECUTE FUNCTION darkroom_audit_append_only();
 -- ---- end of the audit trail -------------------------------------------------------------------
 
+-- ---- bulk actions by query ------------------------------------------------------------------
+-- One row per photo a bulk action (`darkroom bulk retry|rerender|move`, store/selection.py)
+-- selected, inserted when the action starts: the selection frozen as a snapshot of ids, so a
+-- photo that matches later is not added and a rerun walks the same set. `state` moves
+-- pending -> acted (its state change committed, in the same transaction as this row) ->
+-- sent (handed to its lane), or pending -> skipped (it no longer qualified). A row leaves
+-- `pending` only in the transaction that acts on its photo, so a photo is acted on at most
+-- once per action whatever kills the run. Rows of a done action stay with its audit rows.
+CREATE TABLE IF NOT EXISTS bulk_action_items (
+    action_id uuid NOT NULL,
+    photo_id  uuid NOT NULL,
+    state     text NOT NULL DEFAULT 'pending'
+        CONSTRAINT bulk_action_items_state_check
+        CHECK (state IN ('pending', 'acted', 'sent', 'skipped')),
+    acted_at  timestamptz,
+    PRIMARY KEY (action_id, photo_id)
+);
+-- A batch is the next ids still `pending` (or `acted`, still to hand over), keyset by id:
+-- the index holds each state's ids apart, so a batch reads O(batch) entries however many
+-- are done.
+CREATE INDEX IF NOT EXISTS bulk_action_items_state_idx
+    ON bulk_action_items (action_id, state, photo_id);
+-- Selections by tenant (the most common operator scope) read only that tenant's photos,
+-- by state and creation time; by error code photos_code_idx serves, by state alone
+-- photos_state_updated_idx, by processed time photos_processed_at_idx.
+CREATE INDEX IF NOT EXISTS photos_tenant_state_created_idx
+    ON photos (tenant, processing_state, created_at, id);
+-- ---- end of bulk actions --------------------------------------------------------------------
+
+-- ---- pauses: an operator's hold on a lane, a tenant, both or everything ---------------------
+-- One row per paused scope (store/pauses.py); NULL lane: every lane, NULL tenant: every
+-- tenant. A row past `until` is no pause (every reader compares it with now()), so a timed
+-- pause ends by itself with no process to end it. Each claim reads it (leases.CLAIM_SQL):
+-- a photo of a paused scope is not claimed, counting no attempt. Queue events (paused,
+-- resumed) are outbox rows about no photo: their photo_id is the nil UUID.
+CREATE TABLE IF NOT EXISTS queue_pauses (
+    id       bigserial   PRIMARY KEY,
+    lane     text        CHECK (lane IN ('interactive', 'bulk')),
+    tenant   text        CHECK (char_length(tenant) <= 128),
+    operator text        NOT NULL CHECK (operator <> ''),
+    reason   text        NOT NULL CHECK (reason <> ''),
+    since    timestamptz NOT NULL DEFAULT now(),
+    until    timestamptz
+);
+CREATE UNIQUE INDEX IF NOT EXISTS queue_pauses_scope_idx
+    ON queue_pauses ((coalesce(lane, '')), (coalesce(tenant, '')), (tenant IS NULL));
+-- The autoscaler's per-lane count of unfinished photos no pause holds (deploy/kubernetes/
+-- scaledobject.yaml): one lane's rows only, each tenant's together, so a poll reads at most
+-- its LIMIT of the lane's rows plus those of the tenants paused.
+CREATE INDEX IF NOT EXISTS photos_unfinished_lane_idx ON photos (lane, tenant)
+    WHERE processing_state IN ('uploaded', 'processing');
+-- A database made before the queue events (or erasure): its check admits them from now on
+-- (NOT VALID: the rows already there are the photo types, no scan needed).
+ALTER TABLE photo_events DROP CONSTRAINT IF EXISTS photo_events_type_check;
+ALTER TABLE photo_events ADD CONSTRAINT photo_events_type_check CHECK (type IN (
+    'darkroom.photo.published', 'darkroom.photo.failed',
+    'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
+    'darkroom.queue.paused', 'darkroom.queue.resumed', 'darkroom.photo.erased')) NOT VALID;
+-- ---- end of pauses ------------------------------------------------------------------------
+
+-- W3C trace context of the photo (docs/tracing.md): filled by a PostgreSQL-only producer, or
+-- by the first claim from its entry's `traceparent` field (never overwritten), so the feeder,
+-- the sweep and a replay put it on every later entry: one photo, one trace. NULL: untraced.
+ALTER TABLE photos ADD COLUMN IF NOT EXISTS traceparent text;
+
 -- ---- erasure ------------------------------------------------------------------------------
 -- `darkroom erase` (store/erasure.py): a terminal state no claim takes (CLAIM_SQL sees an
--- erased row as no row: `skipped`), `erased_at` when it happened, and its event. A database
--- made before erasure has the narrower checks: replaced once, NOT VALID (every existing row
--- passes the narrower one, so nothing needs a scan under the table's lock).
+-- erased row as no row: `skipped`), `erased_at` when it happened; its event type is admitted
+-- with the queue events' above. A database made before erasure has the narrower state check:
+-- replaced once, NOT VALID (every existing row passes the narrower one: no scan under the
+-- table's lock).
 ALTER TABLE photos ADD COLUMN IF NOT EXISTS erased_at timestamptz;
 DO $$
 BEGIN
@@ -387,14 +464,6 @@ BEGIN
         ALTER TABLE photos DROP CONSTRAINT IF EXISTS photos_processing_state_check,
             ADD CONSTRAINT photos_processing_state_check CHECK (processing_state IN (
                 'uploaded', 'processing', 'processed', 'processing_failed', 'erased')) NOT VALID;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'photo_events_type_check'
-                   AND pg_get_constraintdef(oid) LIKE '%erased%') THEN
-        ALTER TABLE photo_events DROP CONSTRAINT IF EXISTS photo_events_type_check,
-            ADD CONSTRAINT photo_events_type_check CHECK (type IN (
-                'darkroom.photo.published', 'darkroom.photo.failed',
-                'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
-                'darkroom.photo.erased')) NOT VALID;
     END IF;
 END $$;
 -- ---- end of erasure -----------------------------------------------------------------------

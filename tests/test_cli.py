@@ -93,6 +93,8 @@ def test_migrate_creates_the_database_and_is_idempotent(file_env: Env) -> None:
             "photo_events",
             "darkroom_duties",
             "operator_actions",
+            "bulk_action_items",
+            "queue_pauses",
             "darkroom_schema",
         }
         assert {t["tablename"] for t in tables} == names

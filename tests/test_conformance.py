@@ -327,11 +327,40 @@ def test_layered_budget_counts_the_selected_layer() -> None:
         pipeline.render(data, FULL, 360 * 182 - 1)
 
 
-@pytest.mark.parametrize("fmt", ["heic", "avif"])
+@pytest.mark.parametrize(
+    "ops",
+    [
+        [CROP],
+        [("irot", (1,))],
+        [("irot", (3,)), ("imir", (1,))],
+        [("imir", (0,))],
+        [CROP, ("irot", (1,)), ("imir", (0,))],
+    ],
+)
+def test_hevc_non_essential_transformative_properties_apply(
+    ops: list[tuple[str, tuple[int, ...]]],
+) -> None:
+    """A HEVC clap, irot or imir not marked essential crops, turns and mirrors as asked."""
+    unmarked = [(prop, False) for prop, _ in props(ops)]
+    image = rendered(hc.transformed(quadrants_hevc(), unmarked))
+    size = (424, 246) if ops[0] == CROP else (1436, 730)
+    turned = any(op == "irot" and args[0] % 2 for op, args in ops)
+    assert (image.width, image.height) == (size[::-1] if turned else size)
+    assert_corners(image, ops, (1436, 730))
+
+
+def test_hevc_non_essential_clap_outside_the_image_is_corrupt() -> None:
+    """Unmarked or not, a clean aperture outside its image is still corrupt_image."""
+    data = hc.transformed(quadrants_hevc(), [(hc.clap(424, 246, 900, 0), False)])
+    with pytest.raises(CorruptImageError, match="does not fit") as caught:
+        pipeline.render(data, FULL, BUDGET)
+    assert caught.value.code == "corrupt_image"
+
+
 @pytest.mark.parametrize("prop", [hc.clap(20, 20), hc.irot(1), hc.imir(0)])
-def test_non_essential_transformative_property_is_corrupt(fmt: str, prop: bytes) -> None:
-    """A clap, irot or imir not marked essential (libavif: BMFF parse failed) is corrupt_image."""
-    data = hc.transformed(hc.Tile(sample(f"sample.{fmt}")), [(prop, False)])
+def test_avif_non_essential_transformative_property_is_corrupt(prop: bytes) -> None:
+    """In AVIF a clap, irot or imir not marked essential (libavif: BMFF parse failed) is corrupt."""
+    data = hc.transformed(hc.Tile(sample("sample.avif")), [(prop, False)])
     with pytest.raises(CorruptImageError, match=f"non-essential {prop[4:8].decode()}") as caught:
         pipeline.render(data, FULL, BUDGET)
     assert caught.value.code == "corrupt_image"

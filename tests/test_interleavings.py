@@ -49,7 +49,10 @@ from tests.interleave import (
     hand,
     install,
 )
+from tests.interleave_audit import AuditRules
+from tests.interleave_bulk import BulkRules
 from tests.interleave_erase import EraseRules
+from tests.interleave_pause import PauseRules
 
 # `make test` runs this many schedules (about 3 minutes on 2 cores), `make chaos` ten times
 # as many; DARKROOM_SCHEDULE_SEED replays the run a failure printed.
@@ -70,7 +73,7 @@ TABLES = ("photo_events", "photo_attempts", "photo_jobs", "photos")
 SHM = Path("/dev/shm")  # storage fsyncs every put: on tmpfs that costs nothing
 
 
-class Interleavings(EraseRules, RuleBasedStateMachine):
+class Interleavings(AuditRules, BulkRules, PauseRules, EraseRules, RuleBasedStateMachine):
     rig: Rig  # set by the test on a subclass
 
     def __init__(self) -> None:
@@ -314,7 +317,7 @@ class Interleavings(EraseRules, RuleBasedStateMachine):
         """`darkroom enqueue --rerender`, `retry`, `dlq --replay` (the oldest letter) or
         `gc` an hour later (every object past its grace)."""
         photo_id = self.photos[pick % len(self.photos)]
-        done = self._do(getattr(self, f"_{action}")(photo_id))
+        done = self._do(self._audited(action, getattr(self, f"_{action}")(photo_id)))
         note(f"{action} {photo_id.int if action in ('rerender', 'retry') else ''}: {done}")
 
     async def _rerender(self, photo_id: uuid.UUID) -> str | None:

@@ -1,8 +1,8 @@
 """deploy/kubernetes/ validates offline (the core kinds against Kubernetes' own schemas, the
 custom kinds against their CRDs') and keeps the promises docs/kubernetes.md makes: probes, grace
-periods, non-root and read-only, sized resources, triggers on both lanes' lag and pending
-entries and on unfinished photos, the alerts promtool tests; and what KEDA reads from Redis
-and PostgreSQL means what the triggers assume, checked against the real servers."""
+periods, non-root and read-only, sized resources, a trigger per lane on its unfinished photos
+that no pause holds, the alerts promtool tests; and what KEDA reads from PostgreSQL means
+what the triggers assume, checked against the real database."""
 
 from __future__ import annotations
 
@@ -19,16 +19,12 @@ import asyncpg
 import jsonschema
 import kubernetes_validate
 import pytest
-import redis
 import yaml
 
 from darkroom.config.env import from_env
-from darkroom.config.redis_url import parse_redis_url
 from darkroom.errors import SettingsError
 from darkroom.queue import lanes
-from darkroom.queue.streams import Streams, connect
 from darkroom.settings import Settings
-from tests.conftest import REDIS_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -218,77 +214,58 @@ def test_the_scaled_object_scales_the_worker_deployment_to_zero() -> None:
     assert "replicas" not in one("Deployment", "darkroom-worker")["spec"]
 
 
-def test_each_lane_has_a_lag_and_a_pending_trigger_on_the_workers_group() -> None:
-    """Both lanes' streams have a lag and a pending trigger, on the workers' group and Redis."""
-    settings = worker_settings()
-    redis_triggers = [t["metadata"] for t in triggers() if t["type"] == "redis-streams"]
-    for stream in lanes.streams_of(settings).values():
-        mine = [m for m in redis_triggers if m["stream"] == stream]
-        assert [("lagCount" in m, "pendingEntriesCount" in m) for m in mine] == [
-            (True, False), (False, True)]  # fmt: skip
-        assert {m["consumerGroup"] for m in mine} == {settings.group}
-        assert int(mine[1]["pendingEntriesCount"]) == settings.in_flight_bound
-    [(host, port)] = parse_redis_url(settings.redis_url).nodes
-    assert {worker_env()[m["addressFromEnv"]] for m in redis_triggers} == {f"{host}:{port}"}
-
-
-def test_the_postgresql_trigger_reads_the_workers_database_and_caps_its_count() -> None:
-    """The PostgreSQL trigger uses the workers' database; its cap never hides demand."""
+def test_each_lane_has_a_postgresql_trigger_on_the_workers_database_with_a_cap() -> None:
+    """One PostgreSQL trigger per lane, on the workers' database; its cap never hides demand."""
     spec = one("ScaledObject", "darkroom-worker")["spec"]
-    [trigger] = [t["metadata"] for t in triggers() if t["type"] == "postgresql"]
-    assert trigger["connectionFromEnv"] == "DARKROOM_DATABASE_URL"
-    cap = int(re.search(r"LIMIT (\d+)", trigger["query"]).group(1))  # type: ignore[union-attr]
-    assert cap >= spec["maxReplicaCount"] * int(trigger["targetQueryValue"])
+    assert [(t["type"], t["name"]) for t in triggers()] == [
+        ("postgresql", lane) for lane in lanes.LANES]  # fmt: skip
+    for trigger in [t["metadata"] for t in triggers()]:
+        assert trigger["connectionFromEnv"] == "DARKROOM_DATABASE_URL"
+        cap = int(re.search(r"LIMIT (\d+)", trigger["query"]).group(1))  # type: ignore[union-attr]
+        assert cap >= spec["maxReplicaCount"] * int(trigger["targetQueryValue"])
 
 
-async def test_the_unfinished_query_counts_exactly_the_photos_that_need_a_worker(
+def lane_query(lane: str) -> str:
+    [trigger] = [t["metadata"] for t in triggers() if t["name"] == lane]
+    return str(trigger["query"])
+
+
+PAUSE_SQL = """
+INSERT INTO queue_pauses (lane, tenant, operator, reason, until)
+VALUES ($1, $2, 'op', 'test', now() + make_interval(secs => $3))
+"""
+
+
+async def test_each_lane_s_query_counts_its_unfinished_photos_no_pause_holds(
     database_url: str,
 ) -> None:
-    """The PostgreSQL trigger's query counts unfinished photos, and 0 once they end."""
-    [trigger] = [t["metadata"] for t in triggers() if t["type"] == "postgresql"]
+    """Each lane's query counts that lane's unfinished photos, 0 once they end, and leaves
+    out those of a paused lane or tenant while the pause is in force (a paused backlog asks
+    for no pod); an expired pause holds nothing."""
     conn = await asyncpg.connect(database_url)
+    insert = "INSERT INTO photos (id, original_key, lane, tenant) VALUES ($1, 'k', $2, $3)"
     try:
-        ids = [uuid.uuid4() for _ in range(3)]
-        for photo_id in ids:
-            await conn.execute("INSERT INTO photos (id, original_key) VALUES ($1, 'k')", photo_id)
-        await conn.execute(
-            "UPDATE photos SET processing_state = 'processing' WHERE id = $1", ids[0]
-        )
-        assert await conn.fetchval(trigger["query"]) == 3
-        await conn.execute(
-            "UPDATE photos SET processing_state = 'processing_failed' WHERE id = ANY($1)", ids
-        )
-        assert await conn.fetchval(trigger["query"]) == 0
+        ids = {(lane, tenant): uuid.uuid4() for lane in lanes.LANES for tenant in ("a", "b")}
+        for (lane, tenant), photo_id in ids.items():
+            await conn.execute(insert, photo_id, lane, tenant)
+        await conn.execute("UPDATE photos SET processing_state = 'processing' WHERE tenant = 'a'")
+
+        async def counts() -> tuple[int, ...]:
+            return tuple([await conn.fetchval(lane_query(lane)) for lane in lanes.LANES])
+
+        assert await counts() == (2, 2)
+        await conn.execute(PAUSE_SQL, "bulk", None, None)
+        assert await counts() == (2, 0), "a paused lane's backlog counted"
+        await conn.execute(PAUSE_SQL, None, "a", None)
+        assert await counts() == (1, 0), "a paused tenant's photos counted"
+        await conn.execute("DELETE FROM queue_pauses WHERE tenant IS NULL")
+        await conn.execute(PAUSE_SQL, None, None, -1.0)  # a timed pause that ran out
+        assert await counts() == (1, 1)
+        await conn.execute("DELETE FROM queue_pauses")
+        await conn.execute("UPDATE photos SET processing_state = 'processing_failed'")
+        assert await counts() == (0, 0)
     finally:
         await conn.close()
-
-
-async def test_lag_and_pending_stay_exact_while_darkroom_deletes_acked_entries() -> None:
-    """KEDA's lag and pending stay exact while darkroom acks and deletes entries."""
-    tag = uuid.uuid4().hex[:10]
-    stream = f"{{k{tag}}}:photos"
-    client = connect(REDIS_URL)
-    observer = redis.Redis.from_url(REDIS_URL, decode_responses=True)
-    streams = Streams(client, stream, "darkroom", "w", f"{{k{tag}}}:dead")
-    try:
-        await streams.ensure_group()
-        for _ in range(5):
-            await streams.enqueue({"photo_id": str(uuid.uuid4())})
-        first, second = await streams.read_new(2, 10)
-        await streams.ack(first.id)
-        assert lag_and_pending(observer, stream) == (3, 1)
-        for entry in [second, *await streams.read_new(10, 10)]:
-            await streams.ack(entry.id)
-        assert lag_and_pending(observer, stream) == (0, 0)
-    finally:
-        observer.delete(stream)
-        observer.close()
-        await client.aclose()
-
-
-def lag_and_pending(client: redis.Redis, stream: str) -> tuple[int, int]:
-    [group] = client.xinfo_groups(stream)
-    return group["lag"], group["pending"]
 
 
 def test_the_prometheus_rule_holds_the_rules_promtool_tests() -> None:

@@ -3,11 +3,19 @@ cap, newcomers and the cost of a pick with many tenants."""
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections import Counter, deque
 
-from darkroom.queue.scheduler import DEFAULT_COST, QUANTUM, Pending, Refill, Scheduler
+from darkroom.queue.scheduler import (
+    DEFAULT_COST,
+    PHOTO_CHARGE,
+    QUANTUM,
+    Pending,
+    Refill,
+    Scheduler,
+)
 
 PAGE = 4
 
@@ -64,11 +72,21 @@ def test_weights_scale_the_share() -> None:
 
 
 def test_unknown_cost_is_charged_the_default() -> None:
-    """A photo without a cost counts as DEFAULT_COST: as much as six of 2 MP."""
+    """A photo without a cost counts as DEFAULT_COST: as much as five of 2 MP, each photo
+    charged PHOTO_CHARGE on top."""
     waiting = {"unknown": backlog("unknown", 10, None), "known": backlog("known", 60, 2_000_000)}
-    picked = run(Scheduler(), waiting, 28)
-    assert Counter(p.tenant for p in picked) == {"unknown": 4, "known": 24}
-    assert picked[0].charge == DEFAULT_COST
+    picked = run(Scheduler(), waiting, 24)
+    assert Counter(p.tenant for p in picked) == {"unknown": 4, "known": 20}
+    assert picked[0].charge == DEFAULT_COST + PHOTO_CHARGE
+
+
+def test_tenants_of_tiny_photos_take_turns_within_a_few_photos() -> None:
+    """Avatars (64×48) of two tenants alternate in short turns: neither waits behind
+    hundreds of the other's, as it would if only pixels were charged."""
+    waiting = {"a": backlog("a", 1000, 64 * 48), "b": backlog("b", 1000, 64 * 48)}
+    picked = [p.tenant for p in run(Scheduler(), waiting, 40)]
+    longest = max(len(list(turn)) for _, turn in itertools.groupby(picked))
+    assert longest <= 4 and min(Counter(picked).values()) >= 16
 
 
 def test_the_in_flight_cap_parks_a_tenant_until_settled() -> None:

@@ -207,7 +207,9 @@ def test_failure_whose_dead_letter_was_never_written_gets_it(file_env: Env, tmp_
     [photo_id] = file_env.ingest([broken])
     [[_, [(entry_id, _)]]] = file_env.redis.xreadgroup("darkroom", "ghost", {file_env.stream: ">"})
     # The ghost claims and records the failure, as a worker would, then dies.
-    file_env.query(leases.CLAIM_SQL, photo_id, entry_id, "ghost", *leases.NO_LEASE.args, None)
+    file_env.query(
+        leases.CLAIM_SQL, photo_id, entry_id, "ghost", *leases.NO_LEASE.args, None, None, None
+    )
     file_env.query("UPDATE photos SET processing_state = 'processing_failed', "
                    "error_code = 'corrupt_image' WHERE id = $1", photo_id)  # fmt: skip
     file_env.query("UPDATE photo_jobs SET state = 'failed', error_code = 'corrupt_image', "
@@ -227,7 +229,14 @@ def test_failed_photo_past_the_cap_keeps_its_code_and_single_letter(file_env: En
     for _ in range(3):  # delivered again and again without finishing
         file_env.redis.xclaim(file_env.stream, "darkroom", "ghost", 0, [entry_id])
     [claim] = file_env.query(
-        leases.CLAIM_SQL, photo_id, "another-entry", "ghost", *leases.NO_LEASE.args, None
+        leases.CLAIM_SQL,
+        photo_id,
+        "another-entry",
+        "ghost",
+        *leases.NO_LEASE.args,
+        None,
+        None,
+        None,
     )
     file_env.query(leases.FAIL_SQL, photo_id, "corrupt_image", "failed through another entry",
                    claim["lease_token"], "another-entry")  # fmt: skip

@@ -133,6 +133,10 @@ def test_corrupt_structures_fail_through_the_worker(file_env: Env, tmp_path: Pat
             transformed(quadrants, [(clap(424, 246), True), (irot(1), True), (imir(0), True)]),
             (246, 424),
         ),
+        "unmarked-crop-turn.heic": (
+            transformed(quadrants, [(clap(424, 246), False), (irot(1), False)]),
+            (246, 424),
+        ),
         "overlay-twice.heic": (
             overlay_twice(quadrants, (5 * 1436, 0), (0, 0, 0, 65535)),
             (2872, 730),

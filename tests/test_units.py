@@ -58,7 +58,7 @@ def test_stream_keys_share_one_hash_tag() -> None:
 
 
 def test_renditions_setting_parses_and_rejects() -> None:
-    """DARKROOM_RENDITIONS takes name:size:format[:quality]; mistakes name the item."""
+    """DARKROOM_RENDITIONS takes name:SIZE:format[:OPTION]...; mistakes name the item."""
     assert parse_renditions("a:64:png, b:100:jpg:70") == (
         RenditionSpec("a", 64, "png", 100), RenditionSpec("b", 100, "jpeg", 70))  # fmt: skip
     for bad in [
@@ -68,9 +68,30 @@ def test_renditions_setting_parses_and_rejects() -> None:
         "a:64:webp:101",
         "a:64:webp,a:32:webp",
         "A!:64:webp",
+        "a:64x:webp",
+        "a:8x64:webp",
+        "a:64:webp:crop=attention",
+        "a:64x64:webp:crop=left",
+        "a:64:webp:q=80:q=70",
+        "a:64:webp:80:size=3",
     ]:
         with pytest.raises(ValueError):  # noqa: PT011 - the message varies by mistake
             parse_renditions(bad)
+
+
+def test_rendition_boxes_options_and_reserved_words() -> None:
+    """Boxes, q=N and crop parse; q=auto and score=N are refused as not supported yet."""
+    assert parse_renditions("avatar:256x256:webp:crop=attention, b:300x200:jpg:q=70") == (
+        RenditionSpec("avatar", 256, "webp", 80, (256, 256), "attention"),
+        RenditionSpec("b", 300, "jpeg", 70, (300, 200)),
+    )
+    assert parse_renditions("c:64x32:avif:crop=centre:50")[0].quality == 50
+    assert parse_renditions("t:320:webp:q=75") == parse_renditions("t:320:webp:75")
+    for reserved in ("q=auto", "score=80"):
+        with pytest.raises(ValueError, match=f"{reserved} is not supported yet"):
+            parse_renditions(f"t:320:webp:{reserved}")
+    with pytest.raises(SettingsError, match=r"^DARKROOM_RENDITIONS: .*q=auto is not supported yet"):
+        from_env({"DARKROOM_RENDITIONS": "t:320:webp:q=auto"})
 
 
 def test_settings_error_names_the_variable() -> None:

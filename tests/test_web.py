@@ -350,7 +350,8 @@ def test_sigterm_stops_the_page_cleanly_and_a_taken_port_is_a_clear_error(file_e
 def test_operator_erases_a_photo_from_its_page(file_env: Env, page: Page) -> None:
     """A logged-in operator erases a processed photo with its original from its page
     (reason given, `erase` typed to confirm): the page says so, the photo is `erased`, no
-    object of it is left in the folder, and the audit row names the page."""
+    object of it is left in the folder, and the audit row names the page and the login name
+    (`operator`: none was given)."""
     good_id, _ = failed_and_processed(file_env)
     base = start_web(file_env)
     log_in(page, base, f"/photos/{good_id}")
@@ -368,5 +369,5 @@ def test_operator_erases_a_photo_from_its_page(file_env: Env, page: Page) -> Non
     assert [p for p in root.rglob("*") if p.is_file() and str(good_id) in str(p)] == []
     [row] = query(file_env, "SELECT operator, via, reason, outcome FROM operator_actions "
                   "WHERE action = 'erase'")  # fmt: skip
-    assert dict(row) == {"operator": "session", "via": "page",
+    assert dict(row) == {"operator": "operator", "via": "page",
                          "reason": "user asked to be forgotten", "outcome": "done"}  # fmt: skip

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import structlog
 
-from darkroom import metrics
+from darkroom import metrics, tracing
 from darkroom.cli_parser import build_parser
 from darkroom.config.env import from_env
 from darkroom.errors import DarkroomError, SettingsError, first_error
@@ -27,7 +27,7 @@ from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
 from darkroom.image.cost import cost_of
 from darkroom.image.renderer import isolated
-from darkroom.operate import audit, erase, gc, history, ops, web
+from darkroom.operate import acts, audit, bulk, erase, gc, history, ops, pause, web
 from darkroom.operate import events as events_command
 from darkroom.operate.progress import Progress
 from darkroom.queue.messages import task_fields
@@ -54,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(redact(f"darkroom: invalid setting {exc}"), file=sys.stderr)
         return 2
     _configure_logging(settings)
+    if args.command in TRACED:
+        tracing.start()  # a no-op unless an OTLP endpoint is set (docs/tracing.md)
     try:
         try:
             command = COMMANDS[args.command]
@@ -80,6 +82,7 @@ def _configure_logging(settings: Settings) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            tracing.log_ids,
             _mask_passwords,
             renderer,
         ],
@@ -115,9 +118,11 @@ async def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
             data = await anyio.Path(path).read_bytes()
             await storage.put(key, data, "application/octet-stream")
             cost = await anyio.to_thread.run_sync(cost_of, data)
-            await store_lanes.insert_photo(pool, photo_id, key, args.lane, tenant, cost)
-            if args.lane == "interactive":  # bulk: the feeder XADDs it
-                await streams.enqueue(task_fields(photo_id))
+            with tracing.producer("darkroom.ingest", photo_id=str(photo_id), lane=args.lane) as tc:
+                parent = tc.get("traceparent")
+                await store_lanes.insert_photo(pool, photo_id, key, args.lane, tenant, cost, parent)
+                if args.lane == "interactive":  # bulk: the feeder XADDs it
+                    await streams.enqueue(task_fields(photo_id, tc))
             progress.advance()
             progress.line(str(photo_id), sys.stdout)
         progress.finish()
@@ -131,11 +136,11 @@ def _safe_name(name: str) -> str:
 
 async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
     if args.rerender or args.state or args.since:
-        return await ops.cmd_rerender(settings, args)
+        return await acts.cmd_rerender(settings, args)
     if not args.photo_ids:
         print("darkroom: enqueue needs PHOTO_ID...", file=sys.stderr)
         return 2
-    return await ops.cmd_enqueue(settings, args)
+    return await acts.cmd_enqueue(settings, args)
 
 
 # glibc's mallopt parameter for the number of malloc arenas
@@ -246,6 +251,9 @@ async def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     return 2 if selfcheck.failures(checks) else 0
 
 
+# The commands that make spans: the worker, and the producers.
+TRACED = frozenset({"run", "ingest", "enqueue"})
+
 COMMANDS = {
     "check": cmd_check,
     "migrate": cmd_migrate,
@@ -254,13 +262,15 @@ COMMANDS = {
     "run": cmd_run,
     "status": ops.cmd_status,
     "photos": history.cmd_photos,
-    "dlq": ops.cmd_dlq,
-    "retry": ops.cmd_retry,
-    "consumers": ops.cmd_consumers,
+    "dlq": acts.cmd_dlq,
+    "retry": acts.cmd_retry,
+    "consumers": acts.cmd_consumers,
     "gc": gc.cmd_gc,
     "web": web.cmd_web,
     "attempts": history.cmd_attempts,
     "events": events_command.cmd_events,
     "audit": audit.cmd_audit,
+    **bulk.COMMANDS,
+    **pause.COMMANDS,
     "erase": erase.cmd_erase,
 }

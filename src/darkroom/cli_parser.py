@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from darkroom import __version__
-from darkroom.operate import erase, gc, ops
+from darkroom.operate import bulk, erase, gc, ops, pause
 from darkroom.operate import events as events_command
 from darkroom.operate.progress import parse_rate
 from darkroom.queue.lanes import parse_lane, parse_tenant
@@ -119,6 +119,7 @@ SUBCOMMANDS = {
         "replay photo events from PostgreSQL in order (--follow: then print new ones)",
         "darkroom events --since 2026-12-01T09:00 --follow --json | jq .type",
     ),
+    **bulk.SUBCOMMANDS,
     "erase": erase.HELP,
 }
 
@@ -149,10 +150,12 @@ def _enqueue_arguments(enqueue: argparse.ArgumentParser) -> None:
     enqueue.add_argument("--since", type=_timestamp, help="with --state processed: processed since")
     # --rerender --since without --lane: bulk (a whole library must not hold up uploads)
     _lane_arguments(enqueue, None)
+    _reason_argument(enqueue)
 
 
 def _retry_arguments(retry: argparse.ArgumentParser) -> None:
     retry.add_argument("photo_ids", nargs="+", type=uuid.UUID)
+    _reason_argument(retry)
 
 
 def _run_arguments(run: argparse.ArgumentParser) -> None:
@@ -170,6 +173,7 @@ def _dlq_arguments(dlq: argparse.ArgumentParser) -> None:
     dlq.add_argument("--dry-run", action="store_true", help="replay: show what would be replayed")
     dlq.add_argument("--json", action="store_true", help="list: one JSON array")
     dlq.add_argument("--rate", type=_rate, help="replay: at most N/s (or N/m)")
+    _reason_argument(dlq)
 
 
 def _photos_arguments(photos: argparse.ArgumentParser) -> None:
@@ -194,6 +198,7 @@ def _consumers_arguments(consumers: argparse.ArgumentParser) -> None:
     consumers.add_argument("action", choices=["prune"])
     consumers.add_argument("--idle", type=int, default=ops.IDLE_BOUND_MS, metavar="MS")
     consumers.add_argument("--dry-run", action="store_true")
+    _reason_argument(consumers)
 
 
 def _gc_arguments(collect: argparse.ArgumentParser) -> None:
@@ -203,6 +208,7 @@ def _gc_arguments(collect: argparse.ArgumentParser) -> None:
         help=f"only objects written this long ago (default {gc.GRACE_S:g}, at least "
         f"{gc.MIN_GRACE_S:g}: a younger one may be an upload about to be published)",
     )  # fmt: skip
+    _reason_argument(collect)
 
 
 def _events_arguments(events: argparse.ArgumentParser) -> None:
@@ -210,6 +216,10 @@ def _events_arguments(events: argparse.ArgumentParser) -> None:
                         help="after this event's id, or from this ISO 8601 time (UTC)")  # fmt: skip
     events.add_argument("--follow", action="store_true", help="keep printing new events")
     events.add_argument("--json", action="store_true", help="one CloudEvents JSON per line")
+
+
+def _reason_argument(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--reason", help="why, for the audit trail (`darkroom audit`)")
 
 
 def _audit_arguments(audit: argparse.ArgumentParser) -> None:
@@ -232,8 +242,10 @@ ARGUMENTS = {
     "gc": _gc_arguments,
     "attempts": _attempts_arguments,
     "events": _events_arguments,
+    **bulk.ARGUMENTS,
     "erase": erase.add_arguments,
 }
+pause.register(SUBCOMMANDS, ARGUMENTS)
 
 
 def _rate(text: str) -> float:

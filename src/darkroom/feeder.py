@@ -30,7 +30,8 @@ from darkroom.errors import DarkroomError
 from darkroom.health import Clock, RealClock
 from darkroom.queue.horizon import Horizon, Mark
 from darkroom.queue.lanes import entry_tenant
-from darkroom.queue.messages import task_fields
+from darkroom.queue.messages import task_fields, trace_fields
+from darkroom.queue.pauses import Paused
 from darkroom.queue.scheduler import Pending, Scheduler
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
@@ -79,6 +80,7 @@ class Feeder:
     _bulk_due: bool = False  # a worker took bulk entries since the last top-up
     _reserve: int = 0
     _reserve_at: float = float("-inf")
+    paused: Paused = field(default_factory=Paused)  # the worker's copy (pausing.py)
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -90,6 +92,12 @@ class Feeder:
     def stop(self) -> None:
         """Stop feeding and give the duty up (the worker's stop sets the same event)."""
         self.stopping.set()
+        self._woken.set()
+
+    def heed(self, paused: Paused) -> None:
+        """The pauses changed: a resumed tenant or lane is fed at once, not at the poll."""
+        self.paused = paused
+        self._bulk_due = True
         self._woken.set()
 
     def _new_scheduler(self) -> Scheduler:
@@ -230,7 +238,11 @@ class Feeder:
         if not await intake.prepare_jobs(conn, photo_ids, tenure.fence):
             tenure.lose("write_refused")
             return False
-        entry_ids = await streams.enqueue_many([fields for _, fields in batch])
+        traced = await intake.traceparents(conn, photo_ids)
+        entry_ids = await streams.enqueue_many(
+            [{**fields, **trace_fields({"traceparent": traced.get(photo_id)})}
+             for photo_id, fields in batch]
+        )  # fmt: skip
         await db.record_fed(conn, photo_ids, entry_ids)  # sets enqueued_at
         return True
 
@@ -249,8 +261,9 @@ class Feeder:
         batches, once half of it was taken: a worker's places wait for a slot as well, so
         its render slots stay busy while the reserve is refilled."""
         self._bulk_due = False
-        if not len(self.scheduler):
-            return
+        if not len(self.scheduler) or self.paused.lane("bulk"):
+            return  # a paused lane gets nothing more to wait in its stream
+        self.scheduler.hold(self.paused.tenants("bulk"))
         reserve = await self._reserve_size()
         room = reserve - await self.bulk.undelivered()
         if room < max(1, reserve // 2):

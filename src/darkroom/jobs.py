@@ -21,7 +21,7 @@ import anyio
 import msgspec
 import structlog
 
-from darkroom import metrics
+from darkroom import metrics, tracing
 from darkroom.errors import (
     ERROR_CODES,
     AttemptsExhaustedError,
@@ -35,7 +35,7 @@ from darkroom.image.renderer import RenderPool
 from darkroom.outcomes import Held, Outcomes
 from darkroom.queue import policy
 from darkroom.queue.inflight import InFlight
-from darkroom.queue.messages import Entry, enqueued_ms, parse_task
+from darkroom.queue.messages import Entry, Task, enqueued_ms, parse_task
 from darkroom.queue.streams import Streams
 from darkroom.recorder import Recorder
 from darkroom.settings import Settings
@@ -49,8 +49,8 @@ RELEASE_DEADLINE_S = 2.0
 
 
 # Outcomes whose entry is not this delivery's to ack: a live owner's (busy), a newer lease's
-# (lease_lost).
-NOT_OURS = frozenset({"busy", "lease_lost"})
+# (lease_lost), a paused scope's (paused: left pending for after the resume).
+NOT_OURS = frozenset({"busy", "lease_lost", "paused"})
 
 
 class LeftPending(Exception):
@@ -99,14 +99,22 @@ class Jobs:
         return self.streams.for_lane(entry.lane)
 
     async def handle(self, entry: Entry, deliveries: int) -> None:
+        """One delivery, in its own `darkroom.process` span (docs/tracing.md)."""
+        with tracing.delivery(entry, deliveries, self._stream(entry).stream, self.streams.group):
+            await self._handle(entry, deliveries)
+
+    async def _handle(self, entry: Entry, deliveries: int) -> None:
         started = time.monotonic()
         bound = log.bind(entry_id=entry.id, photo_id=_logged_photo_id(entry), deliveries=deliveries)
         try:
             outcome = await self._resilient(entry, deliveries)
+            tracing.note(outcome=outcome)
             metrics.OUTCOMES.labels(outcome).inc()
-            await self.recorder.end(entry, history.Ending(outcome))
+            if outcome != "paused":  # no attempt, and no history row per look while paused
+                await self.recorder.end(entry, history.Ending(outcome))
             bound.info("entry done", outcome=outcome, seconds=round(time.monotonic() - started, 3))
         except LeftPending as left:
+            tracing.note(outcome="left_pending")
             bound.warning(str(left))
         except DarkroomError as exc:
             await self._fail(entry, deliveries, exc, bound)
@@ -136,7 +144,8 @@ class Jobs:
             try:
                 outcome = outcome or await self._process(entry, deliveries)
                 if outcome not in NOT_OURS:
-                    await self._stream(entry).ack(entry.id)
+                    with tracing.span("ack"):
+                        await self._stream(entry).ack(entry.id)
                 return outcome
             except DarkroomError as exc:
                 if exc.stage not in DEPENDENCIES or not exc.retryable:
@@ -215,7 +224,7 @@ class Jobs:
         # Once a claim succeeds, PostgreSQL's count rules: a duplicate entry that stepped
         # aside many times while its photo's owner lived has a high delivery count and
         # nothing wrong with it.
-        claim = await self._claim(entry, task.photo_id)
+        claim = await self._claim(entry, task)
         if claim.outcome != "claimed":
             return await self._unclaimed(entry, deliveries, claim)
         with self.recorder.timed(entry, "download"):
@@ -249,17 +258,21 @@ class Jobs:
             await self.outcomes.again(entry, task.photo_id)
         return "published"
 
-    async def _claim(self, entry: Entry, photo_id: uuid.UUID) -> leases.Claim:
+    async def _claim(self, entry: Entry, task: Task) -> leases.Claim:
         """One claim per delivery, however often retried in place (kept with the entry).
-        The job is claimed before any failure is recorded: only its owner may record one."""
+        The job is claimed before any failure is recorded: only its owner may record one.
+        The claim keeps the entry's trace context on a photo without one."""
         cached = self.in_flight.claim_of(entry.id)
-        claim = cached or await leases.claim(
-            self.pool, photo_id, entry.id, self.streams.consumer, self.lease,
-            self.recorder.lane_of(entry),
-        )  # fmt: skip
+        if cached is not None:
+            return cached
+        with tracing.span("claim"):
+            claim = await leases.claim(
+                self.pool, task.photo_id, entry.id, self.streams.consumer, self.lease,
+                self.recorder.lane_of(entry), entry.lane, task.traceparent,
+            )  # fmt: skip
+        tracing.note(attempt=claim.attempt, claim=claim.outcome)
         self.in_flight.claimed(entry.id, claim)
-        if cached is None:
-            self.recorder.begun(entry, claim.history_row)
+        self.recorder.begun(entry, claim.history_row)
         return claim
 
     async def _unclaimed(self, entry: Entry, deliveries: int, claim: leases.Claim) -> str:
@@ -268,6 +281,8 @@ class Jobs:
             return "already"  # a re-render given up, or a photo gone meanwhile
         if claim.outcome == "busy":
             return await self._step_aside(entry, claim)
+        if claim.outcome == "paused":
+            return self._left_paused(entry)
         if claim.outcome == "already" and claim.state == "processing_failed":
             return await self._finish_failure(entry, deliveries, claim)
         return claim.outcome
@@ -304,6 +319,14 @@ class Jobs:
         log.info("job held by a live worker; stepped aside", entry_id=entry.id,
                  owner=claim.owner, handed_back=handed)  # fmt: skip
         return "busy"
+
+    def _left_paused(self, entry: Entry) -> str:
+        """Its scope is paused: the entry stays pending, unacked and uncounted, and is
+        reclaimed (by anyone) once idle for DARKROOM_CLAIM_IDLE_MS, when its claim looks at
+        the pauses again; a retry keeps its place the same way."""
+        self.in_flight.settle(entry.id)
+        log.info("scope paused; entry left pending", entry_id=entry.id)
+        return "paused"
 
     async def _finish_failure(self, entry: Entry, deliveries: int, claim: leases.Claim) -> str:
         """The failure of this very entry was committed but its dead letter never written
@@ -345,6 +368,7 @@ class Jobs:
                         keys=candidates, error_code=exc.code, error=str(exc))  # fmt: skip
 
     async def _fail(self, entry: Entry, deliveries: int, exc: DarkroomError, bound: Any) -> None:
+        tracing.failed(exc.code, str(exc))
         claim = self.in_flight.claim_of(entry.id)
         # the heartbeat leaves a settled entry alone: a late one would cancel its backoff
         self.in_flight.settle(entry.id)
@@ -371,9 +395,10 @@ def _upload_of(photo_id: uuid.UUID, r: Rendered) -> Upload:
 
 
 def _described(r: Rendered, key: str) -> dict[str, Any]:
-    """The rendition as the photo's row lists it."""
-    return {"name": r.name, "format": r.format, "key": key, "width": r.width,
-            "height": r.height, "bytes": len(r.data)}  # fmt: skip
+    """The rendition as the photo's row lists it; a box's `crop` when it was cropped."""
+    described = {"name": r.name, "format": r.format, "key": key, "width": r.width,
+                 "height": r.height, "bytes": len(r.data)}  # fmt: skip
+    return {**described, "crop": r.crop} if r.crop else described
 
 
 def _wait_observer(entry: Entry, deliveries: int) -> Callable[[], object] | None:

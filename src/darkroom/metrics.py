@@ -191,6 +191,12 @@ LANE_OLDEST_WAIT_SECONDS = Gauge(
     ["lane"],
     registry=QUEUE_REGISTRY,
 )
+PAUSED = Gauge(
+    "darkroom_paused",
+    "1 for each scope an operator paused ('*': every lane or every tenant)",
+    ["lane", "tenant"],
+    registry=QUEUE_REGISTRY,
+)
 # What the page itself costs: one snapshot is one count query, however many viewers.
 WEB_SNAPSHOTS = Counter(
     "darkroom_web_snapshots_total",
@@ -230,4 +236,8 @@ def queue_metrics(report: dict[str, Any]) -> bytes:
         LANE_LENGTH.labels(lane).set(numbers["length"])
         LANE_LAG.labels(lane).set(numbers["lag"] or 0)
         LANE_OLDEST_WAIT_SECONDS.labels(lane).set(numbers.get("oldest_wait_s") or 0)
+    PAUSED.clear()  # a resumed scope's series ends
+    for pause in report.get("pauses", []):
+        tenant = "*" if pause["tenant"] is None else pause["tenant"]
+        PAUSED.labels(pause["lane"] or "*", tenant).set(1)
     return generate_latest(QUEUE_REGISTRY)

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import structlog
 
-from darkroom import metrics
+from darkroom import metrics, tracing
 from darkroom.errors import DarkroomError
 from darkroom.health import declared
 from darkroom.queue import policy
@@ -66,6 +66,7 @@ class Outcomes:
             cap_ms=self.settings.claim_idle_ms,
         )
         final = isinstance(decision, policy.DeadLetter)
+        tracing.note(outcome="failed" if final else "retrying")
         metrics.FAILURES.labels(exc.code, str(final).lower()).inc()
         bound = bound.bind(attempt=held.attempt, deliveries=deliveries, error_code=exc.code,
                            error=str(exc))  # fmt: skip
@@ -194,7 +195,8 @@ class Outcomes:
                  photo_id=str(photo_id), lane=entry.lane)  # fmt: skip
         if entry.lane != "interactive":
             return
-        entry_id = await self.streams.for_lane("interactive").enqueue(task_fields(photo_id))
+        fields = task_fields(photo_id, entry.fields)  # the same trace: the photo's
+        entry_id = await self.streams.for_lane("interactive").enqueue(fields)
         await db.record_requeued(self.pool, photo_id, entry_id)
 
 

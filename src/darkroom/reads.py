@@ -3,7 +3,9 @@
 the state they read and the task group they start entries in.
 
 Ordering hazards: never read more entries than there are free places (a read on its way
-keeps its places counted); never cancel a read in flight.
+keeps its places counted); never cancel a read in flight. A paused lane (`paused`, the
+worker's copy of queue_pauses) is neither read nor reclaimed: its entries, retries included,
+keep their place in the stream.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from darkroom.health import Gate
 from darkroom.queue import admission
 from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import Entry
+from darkroom.queue.pauses import Paused
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
 from darkroom.store import leases
@@ -44,6 +47,7 @@ class LaneReads:
     _changed: anyio.Event
     _bulk_waiting: bool
     _bulk_turns: int
+    paused: Paused
 
     async def _dispatch(
         self, jobs: TaskGroup, entries: list[Entry], *, fresh: bool = False
@@ -56,7 +60,9 @@ class LaneReads:
         entry is picked up as it arrives; given `jobs`, a bulk place freed meanwhile is
         refilled beside it). Below its floor, bulk's backlog is looked at first: the floor
         keeps places only while bulk has work waiting."""
-        if self.in_flight.held("bulk") < self.places.floor and self._look_at_bulk():
+        if self.paused.lane("bulk"):
+            self._bulk_waiting = False  # a paused lane keeps no floor from interactive
+        elif self.in_flight.held("bulk") < self.places.floor and self._look_at_bulk():
             self._bulk_waiting = await self.streams.for_lane("bulk").undelivered() > 0
         interactive = await self._read_lane("interactive", self._room("interactive"))
         bulk = await self._read_lane("bulk", self._room("bulk", len(interactive)))
@@ -64,19 +70,28 @@ class LaneReads:
             return interactive + bulk
         reads = admission.blocking_reads(self.places, *self._held())
         block_ms = REFILL_BLOCK_MS if self._bulk_waiting else self._block_ms(drain)
-        if jobs is not None and not reads.bulk and self.in_flight.held("bulk"):
-            return await self._block_refilling_bulk(jobs, reads, block_ms)
-        return await self.streams.read_lanes(reads.lanes(), block_ms) if reads.lanes() else []
+        lanes = [lane for lane in reads.lanes() if not self.paused.lane(lane)]
+        if jobs is not None and not reads.bulk and self.in_flight.held("bulk") and lanes:
+            return await self._block_refilling_bulk(jobs, reads, lanes, block_ms)
+        if not lanes:
+            if reads.lanes():
+                await self._rest(block_ms)  # every lane with room is paused: wait for a change
+            return []
+        return await self.streams.read_lanes(lanes, block_ms)
+
+    async def _rest(self, block_ms: int) -> None:
+        with anyio.move_on_after(block_ms / 1000):
+            await self._changed.wait()
 
     async def _block_refilling_bulk(
-        self, jobs: TaskGroup, reads: admission.Reads, block_ms: int
+        self, jobs: TaskGroup, reads: admission.Reads, lanes: list[str], block_ms: int
     ) -> list[Entry]:
         """The blocking read waits for interactive alone (bulk had no room): a bulk place
         freed meanwhile is refilled at once beside it, on another connection, not after
         the block (its place stays counted for the read's interactive entry)."""
         async with anyio.create_task_group() as beside:
             beside.start_soon(self._refill_bulk, jobs, reads.interactive)
-            entries = await self.streams.read_lanes(reads.lanes(), block_ms)
+            entries = await self.streams.read_lanes(lanes, block_ms)
             beside.cancel_scope.cancel()
         return entries
 
@@ -113,7 +128,7 @@ class LaneReads:
         return due
 
     async def _read_lane(self, lane: str, count: int) -> list[Entry]:
-        if not count:
+        if not count or self.paused.lane(lane):
             return []
         entries = await self.streams.for_lane(lane).read_new(count, None)
         if lane == "bulk":
@@ -124,7 +139,10 @@ class LaneReads:
         return self.in_flight.held("interactive"), self.in_flight.held("bulk")
 
     def _room(self, lane: str, interactive_read: int = 0) -> int:
-        """New entries `lane` may take now (bulk: after `interactive_read` more arrived)."""
+        """New entries `lane` may take now (bulk: after `interactive_read` more arrived);
+        none while it is paused."""
+        if self.paused.lane(lane):
+            return 0
         interactive, bulk = self._held()
         if lane == "interactive":
             return admission.interactive_room(self.places, interactive, bulk, self._bulk_waiting)

@@ -20,13 +20,20 @@ EXTENSIONS: dict[str, str] = {"webp": "webp", "jpeg": "jpg", "avif": "avif", "pn
 DEFAULT_QUALITY: dict[str, int] = {"webp": 80, "jpeg": 82, "avif": 60, "png": 100}
 
 
+Crop = Literal["attention", "centre"]
+
+
 class RenditionSpec(msgspec.Struct, frozen=True):
-    """One output: `size` is the long edge in pixels (never upscaled)."""
+    """One output: `size` is the long edge in pixels (never upscaled). With a `box`
+    (width, height), the rendition fits inside the box, or with `crop` fills it exactly
+    (`size` is then the box's long edge)."""
 
     name: str
     size: int
     format: Format
     quality: int
+    box: tuple[int, int] | None = None
+    crop: Crop | None = None
 
     @property
     def ext(self) -> str:
@@ -35,25 +42,57 @@ class RenditionSpec(msgspec.Struct, frozen=True):
 
 DEFAULT_RENDITIONS = "thumb:320:webp:80,medium:1024:webp:80,medium:1024:jpeg:82,large:2048:webp:80"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_SIZE = re.compile(r"^(\d{1,5})(?:x(\d{1,5}))?$")
+_CROPS: dict[str, Crop] = {"attention": "attention", "centre": "centre", "center": "centre"}
+# Reserved for quality chosen per photo by a perceptual score: refused until implemented,
+# so that a list written for it never renders at some other quality silently.
+_RESERVED = ("q=auto", "score=")
 
 
 def parse_renditions(text: str) -> tuple[RenditionSpec, ...]:
-    """Parse `name:size:format[:quality],...`; raises ValueError with the reason."""
-    specs: list[RenditionSpec] = []
-    for item in (part.strip() for part in text.split(",")):
-        fields = item.split(":")
-        if len(fields) not in (3, 4) or not _NAME.match(fields[0]):
-            raise ValueError(f"{item!r} is not name:size:format[:quality]")
-        name, size, fmt = fields[0], int(fields[1]), fields[2].lower().replace("jpg", "jpeg")
-        if fmt not in EXTENSIONS:
-            raise ValueError(f"{item!r}: format must be one of webp, jpeg, avif, png")
-        quality = int(fields[3]) if len(fields) == 4 else DEFAULT_QUALITY[fmt]
-        if not 16 <= size <= 8192 or not 1 <= quality <= 100:
-            raise ValueError(f"{item!r}: size must be 16..8192 and quality 1..100")
-        specs.append(RenditionSpec(name, size, fmt, quality))  # type: ignore[arg-type]
+    """Parse `name:SIZE:format[:OPTION]...,...` (SIZE: a long edge `2048` or a box
+    `256x256`; OPTION: `q=N` or a bare N, `crop=attention|centre`); raises ValueError."""
+    specs = tuple(_spec(part.strip()) for part in text.split(","))
     if len({(s.name, s.format) for s in specs}) != len(specs):
         raise ValueError("two renditions share a name and format")
-    return tuple(specs)
+    return specs
+
+
+def _spec(item: str) -> RenditionSpec:
+    fields = item.split(":")
+    if len(fields) < 3 or not _NAME.match(fields[0]):
+        raise ValueError(f"{item!r} is not name:SIZE:format[:OPTION]...")
+    size = _SIZE.match(fields[1])
+    fmt = fields[2].lower().replace("jpg", "jpeg")
+    if size is None:
+        raise ValueError(f"{item!r}: SIZE must be a long edge (2048) or a box (256x256)")
+    if fmt not in EXTENSIONS:
+        raise ValueError(f"{item!r}: format must be one of webp, jpeg, avif, png")
+    options = _options(item, fields[3:])
+    quality = int(options.get("q", DEFAULT_QUALITY[fmt]))
+    box = (int(size[1]), int(size[2])) if size[2] else None
+    edges = box or (int(size[1]),)
+    if not all(16 <= edge <= 8192 for edge in edges) or not 1 <= quality <= 100:
+        raise ValueError(f"{item!r}: sizes must be 16..8192 and quality 1..100")
+    if "crop" in options and box is None:
+        raise ValueError(f"{item!r}: crop needs a box (WIDTHxHEIGHT)")
+    crop = _CROPS[options["crop"]] if "crop" in options else None
+    return RenditionSpec(fields[0], max(edges), fmt, quality, box, crop)  # type: ignore[arg-type]
+
+
+def _options(item: str, fields: list[str]) -> dict[str, str]:
+    """`q` and `crop` by name, each at most once; a bare number is the quality."""
+    options: dict[str, str] = {}
+    for option in (f.strip().lower() for f in fields):
+        if option.startswith(_RESERVED):
+            raise ValueError(f"{item!r}: {option} is not supported yet (use q=N)")
+        key, _, value = option.rpartition("=") if "=" in option else ("q", "", option)
+        if (key == "q" and not value.isdigit()) or (key == "crop" and value not in _CROPS):
+            raise ValueError(f"{item!r}: {option!r} is not q=1..100 or crop=attention|centre")
+        if key not in ("q", "crop") or key in options:
+            raise ValueError(f"{item!r}: unknown or repeated option {option!r}")
+        options[key] = value
+    return options
 
 
 DEFAULT_PROBE_KEY = "renditions/.darkroom-probe"

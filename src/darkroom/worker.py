@@ -27,10 +27,12 @@ from darkroom.feeder import Feeder
 from darkroom.health import DEPENDENCIES, Clock, Gate, RealClock
 from darkroom.image.renderer import RenderPool
 from darkroom.jobs import Jobs
+from darkroom.pausing import PauseWatch
 from darkroom.queue import admission, policy
 from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import Entry
 from darkroom.queue.pacing import Backoff, Throttle
+from darkroom.queue.pauses import Paused
 from darkroom.queue.streams import Streams
 from darkroom.reads import LaneReads
 from darkroom.relay import Relay
@@ -69,6 +71,7 @@ class Worker(LaneReads):
     # The bulk lane filled the last read it was offered: it has work waiting (its floor holds).
     _bulk_waiting: bool = False
     _bulk_turns: int = 0  # intake turns below bulk's floor (BULK_LOOK_EVERY)
+    paused: Paused = field(default_factory=Paused)  # as pause_watch last read them
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -95,6 +98,13 @@ class Worker(LaneReads):
         # Its own clock: the feeder's waits are not the intake's (a test's fake clock counts
         # the intake's backoff).
         self.feeder = Feeder(self.settings, self.pool, self.streams, self.stopping, holder)
+        self.pause_watch = PauseWatch(self.pool, self._heed)
+
+    def _heed(self, paused: Paused) -> None:
+        """The pauses changed: the intake and the feeder act on them from their next turn."""
+        self.paused = paused
+        self.feeder.heed(paused)
+        self._notify()
 
     def stop(self) -> None:
         """First signal: stop reading; in-flight photos finish within the grace period."""
@@ -115,6 +125,7 @@ class Worker(LaneReads):
             services.start_soon(self._prune_loop)
             services.start_soon(self.relay.run)
             services.start_soon(self.feeder.run)
+            services.start_soon(self.pause_watch.run)
             if drain:
                 services.start_soon(self._end_drain_in_outage)
             async with anyio.create_task_group() as jobs:

@@ -1,4 +1,5 @@
-"""Capture facts from a raw EXIF block: when, with what camera and lens, how exposed, where.
+"""Capture facts from a raw EXIF block: when, with what camera and lens, how exposed, where;
+and the name of the embedded ICC profile.
 
 Parsed by Pillow's EXIF reader (a TIFF structure reader, bounded by the block's own size),
 never from libvips' display strings. Pure: bytes in, values out. Any damage in the block
@@ -9,6 +10,7 @@ render process, under its time and memory limits.
 
 from __future__ import annotations
 
+import io
 import math
 import re
 import warnings
@@ -226,3 +228,17 @@ def _coordinate(dms: Any, ref: str | None, plus: str, minus: str, limit: float) 
     if not math.isfinite(value) or not 0 <= value <= limit:
         return None
     return round(-value if ref == minus else value, 7)
+
+
+def profile_name(icc: bytes | None) -> str | None:
+    """The ICC profile's description ("Display P3"), or None if absent or unreadable."""
+    if not icc:
+        return None
+    from PIL import ImageCms
+
+    try:
+        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        name = str(profile.profile.profile_description or "").strip()
+    except Exception:  # a damaged profile names nothing
+        return None
+    return "".join(c for c in name if c.isprintable())[:200] or None

@@ -5,8 +5,9 @@ Container or CorruptImageError out.
 Checked: every top-level box fits in the data; the primary item exists; every item
 reference (`iref`) comes from and goes to an existing item (or entity group), never to
 itself; derived images (`dimg`) form no cycle; a grid references exactly rows × columns
-tiles, each once; transformative properties (`clap`, `irot`, `imir`) are marked essential.
-Everything else (and all decoding) is left to libheif.
+tiles, each once; in AVIF, transformative properties (`clap`, `irot`, `imir`) are marked
+essential (HEVC HEIF may leave them unmarked: the pipeline applies them). Everything else
+(and all decoding) is left to libheif.
 """
 
 from __future__ import annotations
@@ -65,11 +66,12 @@ class Container(NamedTuple):
         return found
 
 
-def check(data: bytes) -> Container:
-    """The parsed container; raise CorruptImageError when its structure is invalid."""
+def check(data: bytes, *, essential_transforms: bool = True) -> Container:
+    """The parsed container; raise CorruptImageError when its structure is invalid.
+    `essential_transforms`: refuse a clap/irot/imir not marked essential."""
     try:
         container = parse(data)
-        _check_meta(data, container)
+        _check_meta(data, container, essential_transforms)
         return container
     except (struct.error, LookupError, ValueError) as exc:
         raise CorruptImageError(f"HEIF structure is damaged: {exc}") from None
@@ -124,7 +126,7 @@ def payloads(data: bytes) -> Iterator[Box]:
         yield kind, data[body:end]
 
 
-def _check_meta(data: bytes, c: Container) -> None:
+def _check_meta(data: bytes, c: Container, essential_transforms: bool) -> None:
     if c.primary not in c.items:
         raise CorruptImageError(f"HEIF primary item {c.primary} does not exist")
     derived: dict[int, list[int]] = {}
@@ -140,7 +142,7 @@ def _check_meta(data: bytes, c: Container) -> None:
     for item, targets in derived.items():
         if c.items.get(item) == b"grid":
             _check_grid(data, c, item, targets)
-    for item in c.associations:
+    for item in c.associations if essential_transforms else ():
         _check_essential(c, item)
 
 

@@ -9,7 +9,6 @@ other size cascaded from it. Outputs are upright, 8-bit sRGB, with no metadata a
 from __future__ import annotations
 
 import hashlib
-import io
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,6 +24,7 @@ from darkroom.errors import (
 )
 from darkroom.image import (
     applehdr,
+    crops,
     exif,
     gainmap,
     gif,
@@ -49,6 +49,7 @@ _HEIC_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b
 _AVIF_BRANDS = {b"avif", b"avis"}
 _HEIF_BRANDS = {b"mif1", b"msf1", b"miaf"}
 _KEEP_NONE = 0  # ForeignKeep.NONE: no EXIF, XMP, IPTC, ICC or other metadata in outputs
+Specs = list[RenditionSpec]
 
 
 class Source(msgspec.Struct, frozen=True):
@@ -74,6 +75,8 @@ class Facts(msgspec.Struct, frozen=True):
     source_profile: str | None = None
     thumbhash: str | None = None
     dominant_color: str | None = None
+    focal_x: float | None = None  # where crop=attention centres a box, 0..1 of the width
+    focal_y: float | None = None
     capture: exif.Capture = msgspec.field(default_factory=exif.Capture)
     hdr: str | None = None  # gainmap, pq, hlg: what an HDR display could show (docs/hdr.md)
     original_sha256: str = ""  # of exactly the bytes rendered, hashed in the render process
@@ -95,6 +98,7 @@ class Rendered(msgspec.Struct, frozen=True):
     height: int
     data: bytes
     sha256: str  # of `data`, hashed here in the render process (names its storage key)
+    crop: str | None = None  # a box's crop: attention or centre
 
 
 class RenderResult(msgspec.Struct, frozen=True):
@@ -143,7 +147,7 @@ def render(data: bytes, specs: Iterable[RenditionSpec], max_pixels: int) -> Rend
     specs = sorted(specs, key=lambda s: s.size, reverse=True)
     fmt = sniff(data)
     try:
-        base, source = _decode(data, fmt, specs[0].size, max_pixels)
+        base, source = _decode(data, fmt, specs, max_pixels)
         renditions, smallest = _cascade(base, specs)
         facts = _facts(smallest, source, hashlib.sha256(data).hexdigest())
         return RenderResult(facts, renditions)
@@ -163,15 +167,18 @@ def _facts(smallest: pyvips.Image, source: Source, sha256: str) -> Facts:
     """From the smallest rendition's pixels (the decode when no rendition shrank it)."""
     width, height, rgba = _small_rgba(smallest, placeholders.SIDE)
     dominant = placeholders.dominant_color(rgba)
+    focal = crops.focal_point(smallest)
     return Facts(
         source.format,
         source.width,
         source.height,
         has_alpha=bool(smallest.hasalpha()),
         frames=source.frames,
-        source_profile=profile_name(source.icc),
+        source_profile=exif.profile_name(source.icc),
         thumbhash=placeholders.thumbhash_text(width, height, rgba),
         dominant_color=dominant[0] if dominant else None,
+        focal_x=focal[0],
+        focal_y=focal[1],
         capture=exif.read(source.exif),
         hdr=source.hdr,
         original_sha256=sha256,
@@ -194,27 +201,13 @@ def _small_rgba(image: pyvips.Image, side: int) -> tuple[int, int, bytes]:
     return image.width, image.height, pixels.tobytes()
 
 
-def profile_name(icc: bytes | None) -> str | None:
-    """The ICC profile's description ("Display P3"), or None if absent or unreadable."""
-    if not icc:
-        return None
-    from PIL import ImageCms
-
-    try:
-        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
-        name = str(profile.profile.profile_description or "").strip()
-    except Exception:  # a damaged profile names nothing
-        return None
-    return "".join(c for c in name if c.isprintable())[:200] or None
-
-
 def _blob(image: pyvips.Image, name: str) -> bytes | None:
     return bytes(image.get(name)) if image.get_typeof(name) else None
 
 
-def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.Image, Source]:
+def _decode(data: bytes, fmt: str, specs: Specs, max_pixels: int) -> tuple[pyvips.Image, Source]:
     if fmt == "heic":
-        return _decode_heic(data, size, max_pixels)
+        return _decode_heic(data, specs, max_pixels)
     hdr, container = None, None
     if fmt == "avif":
         original, (data, container) = data, _for_libheif(data, max_pixels, strip_transforms=False)
@@ -223,6 +216,7 @@ def _decode(data: bytes, fmt: str, size: int, max_pixels: int) -> tuple[pyvips.I
     with_map = gainmap.check(header, max_pixels)
     limits = _HEIF_LIMITS if fmt == "avif" else {}
     width, height = _upright(header)
+    size = crops.decode_edge(specs, width, height)
     # Untagged RGB is taken as sRGB already: converting sRGB→sRGB costs ~25% and changes nothing.
     tagged = header.get_typeof("icc-profile-data") or header.interpretation == "cmyk"
     tagged = tagged and hdr not in tonemap.PEAK_NITS  # a PQ/HLG signal is no profile's
@@ -266,8 +260,9 @@ def _for_libheif(
 ) -> tuple[bytes, isobmff.Container]:
     """A HEIF/AVIF file as libheif should read it: the structure checks libheif does not
     make, the pixel budget over every image it will decode (a clap may crop a canvas far
-    larger than what is shown), then the rewrites of heifedit.py."""
-    container = isobmff.check(data)
+    larger than what is shown), then the rewrites of heifedit.py. Transforms it strips are
+    applied here, marked essential or not, as libheif would."""
+    container = isobmff.check(data, essential_transforms=not strip_transforms)
     _check_pixels(*isobmff.largest_image(container), max_pixels)
     return heifedit.for_libheif(data, container, strip_transforms=strip_transforms), container
 
@@ -300,7 +295,7 @@ def _check_pixels(width: int, height: int, max_pixels: int) -> None:
         )
 
 
-def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image, Source]:
+def _decode_heic(data: bytes, specs: Specs, max_pixels: int) -> tuple[pyvips.Image, Source]:
     """HEVC HEIC through libheif/libde265 (pi-heif), without its clap/irot/imir: libheif
     1.23 refuses a clap that crops much (heifedit.py), so darkroom applies them."""
     import pi_heif  # imported here: only HEIC renders pay for its address space
@@ -323,37 +318,23 @@ def _decode_heic(data: bytes, size: int, max_pixels: int) -> tuple[pyvips.Image,
     image = pyvips.Image.new_from_memory(pixels, stride // bands, height, bands, "uchar")
     image = image.crop(0, 0, width, height) if stride != width * bands else image
     steps = isobmff.transform_steps(container, container.primary, width, height)
-    image = _transformed(image, steps).copy(interpretation="srgb")
+    image = crops.transformed(image, steps).copy(interpretation="srgb")
     if apple is not None:  # the map turned with the base, then attached (crop/rot leave it)
         gain, boost = apple
         scaled = applehdr.scaled_steps(steps, gain.width / width, gain.height / height)
-        image = applehdr.attach(image, _transformed(gain, scaled), boost)
+        image = applehdr.attach(image, crops.transformed(gain, scaled), boost)
     width, height = image.width, image.height
     icc = heif.info.get("icc_profile")
     if icc:
         image.set_type(pyvips.GValue.blob_type, "icc-profile-data", bytes(icc))
     hdr = gainmap.of_heif(data, container)
+    size = crops.decode_edge(specs, width, height)
     resized = image.thumbnail_image(size, height=size, size="down", **_COLOUR)
     resized = _tone_mapped(resized, hdr, container)
     exif_block = heif.info.get("exif")
     source = Source("heic", width, height, 1, bytes(icc) if icc else None,
                     bytes(exif_block) if exif_block else None, hdr)  # fmt: skip
     return _finish(resized), source
-
-
-_ROTATIONS = ("d0", "d270", "d180", "d90")  # irot turns anti-clockwise, libvips clockwise
-
-
-def _transformed(image: pyvips.Image, steps: list[isobmff.Step]) -> pyvips.Image:
-    """The decoded image with its clean aperture, rotation and mirroring applied in order."""
-    for op, args in steps:
-        if op == "crop":
-            image = image.crop(*args)
-        elif op == "rotate":
-            image = image.rot(_ROTATIONS[args[0]]) if args[0] else image
-        else:
-            image = image.flipver() if args[0] == 0 else image.fliphor()
-    return image
 
 
 def _finish(image: pyvips.Image) -> pyvips.Image:
@@ -369,14 +350,15 @@ def _finish(image: pyvips.Image) -> pyvips.Image:
 def _cascade(base: pyvips.Image, specs: list[RenditionSpec]) -> tuple[list[Rendered], pyvips.Image]:
     """Every rendition, largest first, each shrunk from the one before; and the last image.
     Renditions of the same pixels (a photo smaller than several boxes is never enlarged)
-    and the same format and quality are one encode: identical bytes, their own objects."""
-    current, renditions = base, []
+    and the same format and quality are one encode: identical bytes, their own objects.
+    Boxes come last, each from the smallest image of the cascade that covers it."""
+    current, renditions, chain = base, [], [base]
     encoded: dict[tuple[str, int], tuple[bytes, str]] = {}  # of `current`, by format
-    for spec in specs:
+    for spec in (spec for spec in specs if spec.box is None):
         if max(current.width, current.height) > spec.size:
             current = current.thumbnail_image(spec.size, height=spec.size, size="down")
             current = current.copy_memory()
-            encoded = {}
+            chain, encoded = [*chain, current], {}
         key = (spec.format, spec.quality)
         if key not in encoded:
             data = _save(current, spec)
@@ -384,7 +366,14 @@ def _cascade(base: pyvips.Image, specs: list[RenditionSpec]) -> tuple[list[Rende
         data, digest = encoded[key]
         renditions.append(Rendered(spec.name, spec.format, spec.ext, current.width,
                                    current.height, data, digest))  # fmt: skip
-    return renditions, current
+    return renditions + [_boxed(chain, spec) for spec in specs if spec.box], current
+
+
+def _boxed(chain: list[pyvips.Image], spec: RenditionSpec) -> Rendered:
+    image = crops.boxed(crops.source(chain, spec), spec)
+    data = _save(image, spec)
+    return Rendered(spec.name, spec.format, spec.ext, image.width, image.height, data,
+                    hashlib.sha256(data).hexdigest(), spec.crop)  # fmt: skip
 
 
 def _save(image: pyvips.Image, spec: RenditionSpec) -> bytes:

@@ -62,6 +62,11 @@ def line(event: outbox.Event, source: str, as_json: bool) -> str:
     if as_json:
         return json.dumps(outbox.envelope(event, source))
     code = event.data.get("error_code") or ""
+    if event.type.startswith("darkroom.queue."):  # about a paused scope, not a photo
+        data = event.data
+        tenant = "*" if data.get("tenant") is None else data["tenant"]
+        code = f"lane={data.get('lane') or '*'} tenant={tenant}  by {data.get('operator')}"
+        return f"{event.created_at.isoformat()}  {event.type:<31}  {code}"
     return f"{event.created_at.isoformat()}  {event.type:<31}  {event.photo_id}  {code}".rstrip()
 
 

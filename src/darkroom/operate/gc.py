@@ -14,9 +14,11 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 
 from darkroom.errors import ObjectForbiddenError
+from darkroom.operate import audit
 from darkroom.services import services, storage_for
 from darkroom.settings import Settings
 from darkroom.store import db, keys
+from darkroom.store.audit import Action
 from darkroom.store.storage import Page, Storage, StoredObject
 
 # An upload is committed (or abandoned) well within this: the publish follows the last
@@ -113,10 +115,26 @@ def summary(tally: Counter[str], older_than_s: float, dry_run: bool) -> str:
 
 
 async def cmd_gc(settings: Settings, args: argparse.Namespace) -> int:
+    selection = {"older_than_s": args.older_than, "dry_run": args.dry_run}
+    action = audit.cli_action(settings, "gc", selection, args.reason)
     async with services(settings, 2) as (pool, _), storage_for(settings) as storage:
+        tally = await audit.until_signalled(lambda: _collect(pool, storage, args, action))
+    if tally is None:
+        return audit.INTERRUPTED_EXIT
+    print(summary(tally, args.older_than, args.dry_run), file=sys.stderr)
+    return 1 if tally["failed"] else 0
+
+
+async def _collect(
+    pool: db.Pool, storage: Storage, args: argparse.Namespace, action: Action
+) -> Counter[str]:
+    """One pass, in the trail: how many objects were deleted (or would be), and why the
+    rest were kept."""
+    async with audit.audited(pool, action) as row:
         tally = await collect(
             pool, storage, older_than_s=args.older_than, now_s=time.time(),
             dry_run=args.dry_run, say=lambda line: print(line, flush=True),
         )  # fmt: skip
-    print(summary(tally, args.older_than, args.dry_run), file=sys.stderr)
-    return 1 if tally["failed"] else 0
+        row.count, row.detail = tally["deleted"], dict(tally)
+        row.outcome = "dry_run" if args.dry_run else "done"
+    return tally

@@ -1,11 +1,11 @@
 """Operator commands and the operations behind them: status, photos, dead letters
-(list/replay), retry and consumer pruning. The command line and the web page share the
-operations here, so both change state the same way."""
+(list/replay), retry, re-enqueue and consumer pruning. The command line (its
+state-changing commands in operate/acts.py) and the web page share the operations here,
+so both change state the same way."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -14,12 +14,12 @@ from typing import Any
 
 import msgspec
 
-from darkroom.operate.progress import Pacer, Progress
+from darkroom.operate import pause
 from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.services import services
 from darkroom.settings import Settings, servers
-from darkroom.store import db, duties, intake, publishing, views
+from darkroom.store import db, duties, intake, pauses, views
 from darkroom.store import lanes as store_lanes
 
 # What a bulk (re-)enqueue prints instead of an entry id: the feeder enqueues it.
@@ -56,7 +56,8 @@ async def status_report(pool: db.Pool, streams: Streams) -> dict[str, Any]:
     by_state, failures, estimated = await views.counts(pool)
     report = {**await streams.status(), "photos": by_state, "failures": failures,
               "photos_estimated": estimated,
-              "duties": await duties.holders(pool), "leased": await views.leased(pool)}  # fmt: skip
+              "duties": await duties.holders(pool), "leased": await views.leased(pool),
+              "pauses": await pauses.active(pool)}  # fmt: skip
     mark_idle(report["consumers"])
     for lane in report["lanes"].values():
         lane["oldest_wait_s"] = oldest_wait_s(lane["oldest_entry_ms"], time.time())
@@ -92,8 +93,11 @@ def _format_status(report: dict[str, Any]) -> str:
         f"dead letters  {report['dead_letter_stream']}  length={report['dead_letters']}",
         "lanes",
         *(f"  {lane:<12} {v['stream']}  length={v['length']}  lag={v['lag']}  "
-          f"pending={v['pending']}  oldest_wait_s={v.get('oldest_wait_s')}"
+          f"pending={v['pending']}  oldest_wait_s={_or_dash(v.get('oldest_wait_s'))}"
           for lane, v in report.get("lanes", {}).items()),
+        "paused (no new photo of these scopes starts; in progress finish)",
+        *(f"  {pause.describe(p)}" for p in report.get("pauses", [])),
+        *([] if report.get("pauses") else ["  nothing"]),
         "consumers",
         *(f"  {c['name']:<40} pending={c['pending']:<6} idle_ms={c['idle_ms']}"
           + (stale if c["idle_past_bound"] else "") for c in report["consumers"]),
@@ -107,6 +111,11 @@ def _format_status(report: dict[str, Any]) -> str:
         *(f"  {code:<20} {n}" for code, n in report["failures"].items()),
     ]  # fmt: skip
     return "\n".join(lines)
+
+
+def _or_dash(value: object) -> str:
+    """A missing number as the page shows it: a dash, never `None`."""
+    return "-" if value is None else str(value)
 
 
 def _duty_line(duty: dict[str, Any]) -> str:
@@ -204,7 +213,8 @@ async def replay_letter(pool: db.Pool, streams: Streams, letter: Entry) -> str |
         return NOT_FAILED
     if letter.fields.get("lane") == "bulk":
         return await _replay_to_feeder(pool, streams, letter.id, photo_id)
-    new_id = await streams.for_lane("interactive").replay_once(letter.id, task_fields(photo_id))
+    fields = task_fields(photo_id, letter.fields)  # the letter kept the entry's trace context
+    new_id = await streams.for_lane("interactive").replay_once(letter.id, fields)
     if new_id is None:
         return TAKEN
     await db.record_requeued(pool, photo_id, new_id)
@@ -238,134 +248,24 @@ async def enqueue_again(
     photo_id: uuid.UUID,
     lane: str | None = None,
     tenant: str | None = None,
+    carried: dict[str, str] | None = None,
 ) -> str | None:
     """Into the photo's own lane, or into `lane` (recorded in its row, with `tenant`).
     Interactive: XADD and remember the entry it now goes through (the sweeper and the
     owning-entry guards read it), the new entry id; bulk: to the feeder, FED, or None when
     the feeder does not take it (the photo is gone or finished): nothing was enqueued,
-    and its lane and tenant are as they were."""
+    and its lane and tenant are as they were. The entry carries the photo's trace context
+    (its row's), else `carried` (the enqueue's own producer span)."""
     if (lane or await store_lanes.lane_of(pool, photo_id)) == "bulk":
         return FED if await store_lanes.to_feeder(pool, photo_id, tenant) else None
     if lane is not None or tenant is not None:
         await store_lanes.set_lane(pool, photo_id, lane, tenant)
     await intake.prepare_jobs(pool, [photo_id])  # before the XADD, as the sweep does
-    entry_id = await streams.for_lane("interactive").enqueue(task_fields(photo_id))
+    traced = await intake.traceparents(pool, [photo_id])
+    context = {"traceparent": traced[photo_id]} if photo_id in traced else carried
+    entry_id = await streams.for_lane("interactive").enqueue(task_fields(photo_id, context))
     await db.record_requeued(pool, photo_id, entry_id)
     return entry_id
-
-
-def _letter_line(letter: Entry) -> str:
-    f = letter.fields
-    return f"{letter.id}  {f.get('photo_id') or '-':<36}  {f.get('error_code', '?'):<20}"
-
-
-async def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
-    async with services(settings, 1) as (pool, streams):
-        if args.action == "list":
-            return await _list_letters(streams, args)
-        return await _replay_letters(pool, streams, args)
-
-
-async def _list_letters(streams: Streams, args: argparse.Namespace) -> int:
-    letters = [e async for e in dead_letters(streams, args.code, args.limit or 1000)]
-    if args.json:
-        print(msgspec.json.encode([{"id": e.id, **e.fields} for e in letters]).decode())
-        return 0
-    for letter in letters:
-        f = letter.fields
-        print(f"{_letter_line(letter)}  attempts={f.get('attempts')}  {f.get('error', '')[:80]}")
-    print(f"{len(letters)} dead letter(s)", file=sys.stderr)
-    return 0
-
-
-REPLAY_FIELDS = ("photo_id", "error_code", "lane")
-
-
-async def _replay_letters(pool: db.Pool, streams: Streams, args: argparse.Namespace) -> int:
-    # Only what a replay needs, so 100,000 letters stay a few tens of MB.
-    letters = [Entry(e.id, {k: v for k, v in e.fields.items() if k in REPLAY_FIELDS})
-               async for e in dead_letters(streams, args.code, args.limit)]  # fmt: skip
-    verb = "would replay" if args.dry_run else "replayed"
-    progress, pacer = Progress(len(letters), verb, sys.stderr), Pacer(args.rate)
-    skipped = 0
-    for letter in letters:
-        if args.dry_run:
-            progress.advance()
-            progress.line(f"{_letter_line(letter)}  would replay", sys.stdout)
-            continue
-        await pacer.wait()
-        new_id = await replay_letter(pool, streams, letter)
-        if isinstance(new_id, Skipped):
-            skipped += 1
-            progress.line(f"{_letter_line(letter)}  skipped: {new_id.why}", sys.stdout)
-            continue
-        progress.advance()
-        progress.line(f"{_letter_line(letter)}  replayed as {new_id}", sys.stdout)
-    progress.finish(f"{skipped} skipped" if skipped else "")
-    return 0
-
-
-async def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
-    """Each photo into its own lane (or `--lane`); exits 1 if a bulk photo was not handed
-    to the feeder (gone or finished: nothing was enqueued for it)."""
-    status = 0
-    async with services(settings, 1) as (pool, streams):
-        await streams.ensure_group()
-        for photo_id in args.photo_ids:
-            sent = await enqueue_again(pool, streams, photo_id, args.lane, args.tenant)
-            if sent is None:
-                print(f"{photo_id}: {NOT_FEEDABLE}", file=sys.stderr)
-                status = 1
-            else:
-                print(sent, flush=True)
-    return status
-
-
-async def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
-    status = 0
-    async with services(settings, 1) as (pool, streams):
-        for photo_id in args.photo_ids:
-            entry_id = await retry_photo(pool, streams, photo_id)
-            if entry_id is None:
-                print(f"{photo_id} is not processing_failed; left alone", file=sys.stderr)
-                status = 1
-            else:
-                print(photo_id, entry_id, flush=True)
-    return status
-
-
-async def cmd_rerender(settings: Settings, args: argparse.Namespace) -> int:
-    """Re-render processed photos in place (after DARKROOM_RENDITIONS changed or an
-    upgrade): mark them, then XADD. They stay published throughout."""
-    if not args.rerender or (args.state is None) != (args.since is None):
-        print("darkroom: use enqueue --rerender PHOTO_ID... and/or --state processed --since "
-              "DATE", file=sys.stderr)  # fmt: skip
-        return 2
-    if not args.photo_ids and args.since is None:
-        print("darkroom: enqueue --rerender needs PHOTO_ID... or --since", file=sys.stderr)
-        return 2
-    async with services(settings, 1) as (pool, streams):
-        await streams.ensure_group()
-        marked = await publishing.request_rerender(pool, list(args.photo_ids), args.since)
-        # a whole library goes through bulk unless told otherwise; named photos keep theirs
-        lane = args.lane or ("bulk" if args.since else None)
-        lost = [p for p in marked if not await _enqueued(pool, streams, p, lane, args.tenant)]
-    left = sorted(set(args.photo_ids) - set(marked))
-    for photo_id in left:
-        print(f"{photo_id} is not processed; left alone", file=sys.stderr)
-    return 1 if left or lost else 0
-
-
-async def _enqueued(
-    pool: db.Pool, streams: Streams, photo_id: uuid.UUID, lane: str | None, tenant: str | None
-) -> bool:
-    """A marked photo re-rendered through its lane: `photo_id entry_id`, or why not."""
-    sent = await enqueue_again(pool, streams, photo_id, lane, tenant)
-    if sent is None:  # deleted since it was marked
-        print(f"{photo_id}: {NOT_FEEDABLE}", file=sys.stderr)
-        return False
-    print(photo_id, sent, flush=True)
-    return True
 
 
 # -- consumers ------------------------------------------------------------------------------
@@ -379,13 +279,3 @@ async def prune_consumers(streams: Streams, idle_ms: int, dry_run: bool) -> list
     if dry_run:
         return idle
     return [name for name in idle if await streams.remove_consumer_if_idle(name, idle_ms)]
-
-
-async def cmd_consumers(settings: Settings, args: argparse.Namespace) -> int:
-    async with services(settings, 1) as (_, streams):
-        names = await prune_consumers(streams, args.idle, args.dry_run)
-    for name in names:
-        print(f"{name}  {'would remove' if args.dry_run else 'removed'}")
-    verb = "would remove" if args.dry_run else "removed"
-    print(f"{verb} {len(names)} consumer(s) idle over {args.idle} ms", file=sys.stderr)
-    return 0

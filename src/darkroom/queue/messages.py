@@ -7,8 +7,9 @@ shown to people only `escaped` and capped.
 
 from __future__ import annotations
 
+import re
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 
 import msgspec
@@ -26,6 +27,12 @@ KEPT_CHARS = 1024
 # C0 controls, DEL and C1 controls: shown as \xNN, so a value cannot forge a log or
 # terminal line.
 _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+# W3C trace context a producer may add to its entry (or to its row's `traceparent`): carried
+# forward by every later hop so one photo is one trace (docs/tracing.md). A value of any
+# other shape is ignored, never a bad_message: tracing must not fail a photo.
+TRACE_FIELDS = ("traceparent", "tracestate")
+TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+MAX_TRACESTATE_CHARS = 512
 
 
 class Entry(msgspec.Struct, frozen=True):
@@ -52,10 +59,24 @@ class Entry(msgspec.Struct, frozen=True):
 
 class Task(msgspec.Struct, frozen=True):
     photo_id: uuid.UUID
+    traceparent: str | None = None
 
 
-def task_fields(photo_id: uuid.UUID) -> dict[str, str]:
-    return {"photo_id": str(photo_id)}
+def task_fields(photo_id: uuid.UUID, carried: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A work entry's fields: the photo, and the trace context `carried` (when valid)."""
+    return {"photo_id": str(photo_id), **trace_fields(carried or {})}
+
+
+def trace_fields(fields: Mapping[str, str | None]) -> dict[str, str]:
+    """Pure: the W3C trace context among `fields` (an entry's, a letter's, a row's), as
+    the next hop's entry carries it; {} without a valid traceparent."""
+    parent = (fields.get("traceparent") or "").strip()
+    if not TRACEPARENT.fullmatch(parent) or parent.startswith("ff"):
+        return {}
+    state = (fields.get("tracestate") or "").strip()
+    if state and len(state) <= MAX_TRACESTATE_CHARS:
+        return {"traceparent": parent, "tracestate": state}
+    return {"traceparent": parent}
 
 
 def escaped(data: bytes, limit: int | None = None) -> str:
@@ -92,10 +113,11 @@ def parse_task(entry: Entry) -> Task:
     if raw is None:
         raise BadMessageError(f"entry {entry.id} has no photo_id field")
     try:
-        return Task(uuid.UUID(raw.decode().strip()))
+        photo_id = uuid.UUID(raw.decode().strip())
     except ValueError:
         shown = escaped(raw, 80)
         raise BadMessageError(f"entry {entry.id}: photo_id '{shown}' is not a UUID") from None
+    return Task(photo_id, trace_fields(entry.fields).get("traceparent"))
 
 
 def _shape_problem(entry: Entry) -> str | None:

@@ -59,22 +59,39 @@ async def record(
     return row_id
 
 
-# Newest first, keyset by (at, id) on operator_actions_at_idx: a page costs O(limit).
+# Newest first, keyset by (at, id): a page costs O(limit) however deep, on
+# operator_actions_at_idx, or operator_actions_action_at_idx with an action. No `$n IS
+# NULL OR` in either: a generic plan could not use the index for such a condition (the
+# missing bounds are infinities instead).
 SINCE_SQL = """
 SELECT id, action_id, at, operator, via, action, selection, count, reason, outcome, detail
 FROM operator_actions
-WHERE at >= coalesce($1, '-infinity'::timestamptz) AND ($2::text IS NULL OR action = $2)
+WHERE at >= coalesce($1, '-infinity'::timestamptz)
+  AND (at, id) < (coalesce($3, 'infinity'::timestamptz), coalesce($4, 0::bigint))
+  {action}
 ORDER BY at DESC, id DESC
-LIMIT $3
+LIMIT $2
 """
+ALL_SQL = SINCE_SQL.format(action="")
+ONE_ACTION_SQL = SINCE_SQL.format(action="AND action = $5")
 
 
 @translated
 async def since(
-    pool: Pool, when: datetime | None, limit: int, action: str | None = None
+    pool: Pool,
+    when: datetime | None,
+    limit: int,
+    action: str | None = None,
+    before: tuple[datetime, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows at or after `when` (all without), newest first, at most `limit`."""
-    rows = await pool.fetch(SINCE_SQL, when, action, limit)
+    """Rows at or after `when` (all without), newest first, at most `limit`; `before`
+    (a row's `at` and `id`): only rows older than that one, the next page."""
+    at, row_id = before or (None, None)
+    args = (when, limit, at, row_id)
+    if action is None:
+        rows = await pool.fetch(ALL_SQL, *args)
+    else:
+        rows = await pool.fetch(ONE_ACTION_SQL, *args, action)
     return [_decoded(dict(row)) for row in rows]
 
 

@@ -291,7 +291,7 @@ RETURNING photo_id
 
 
 @translated
-async def reset_failed(pool: Pool, photo_id: uuid.UUID) -> bool:
+async def reset_failed(pool: Pool | Connection, photo_id: uuid.UUID) -> bool:
     """Operator retry: a failed photo becomes `uploaded` again; its attempt count goes on,
     and a new run starts (DARKROOM_MAX_ATTEMPTS more attempts)."""
     return await pool.fetchval(RESET_SQL, photo_id) is not None

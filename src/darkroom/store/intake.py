@@ -185,6 +185,20 @@ async def has_unfed(pool: Pool, interactive: bool) -> bool:
     return bool(await pool.fetchval(UNFED_SQL, interactive))
 
 
+# The trace context of the photos about to be XADDed (the feeder's batch, a swept photo):
+# their entries carry it (docs/tracing.md). By primary key; only traced rows come back.
+TRACEPARENTS_SQL = """
+SELECT id, traceparent FROM photos WHERE id = ANY($1::uuid[]) AND traceparent IS NOT NULL
+"""
+
+
+@translated
+async def traceparents(
+    conn: Pool | PooledConnection | Connection, photo_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, str]:
+    return {r["id"]: r["traceparent"] for r in await conn.fetch(TRACEPARENTS_SQL, photo_ids)}
+
+
 @translated
 async def prepare_jobs(
     conn: Pool | PooledConnection | Connection,

@@ -21,8 +21,8 @@ from darkroom.store.intake import FEEDABLE, INTAKE_CHANNEL
 # the feeder must not), a bulk one is the feeder's at once: schema.sql's photos_intake_notify
 # trigger wakes the feeder at commit (it notifies every insert with enqueued_at NULL).
 INSERT_SQL = """
-INSERT INTO photos (id, original_key, lane, tenant, cost, enqueued_at)
-VALUES ($1, $2, $3, $4, $5, CASE WHEN $3 = 'interactive' THEN now() END)
+INSERT INTO photos (id, original_key, lane, tenant, cost, enqueued_at, traceparent)
+VALUES ($1, $2, $3, $4, $5, CASE WHEN $3 = 'interactive' THEN now() END, $6)
 """
 
 # Into the bulk lane, for the feeder: not enqueued any more, and fresh for the sweep (the
@@ -72,9 +72,16 @@ Taken = Literal["taken", "moved", "refused"]
 
 @translated
 async def insert_photo(
-    pool: Pool, photo_id: uuid.UUID, original_key: str, lane: str, tenant: str, cost: int | None
+    pool: Pool,
+    photo_id: uuid.UUID,
+    original_key: str,
+    lane: str,
+    tenant: str,
+    cost: int | None,
+    traceparent: str | None = None,
 ) -> None:
-    await pool.execute(INSERT_SQL, photo_id, original_key, lane, tenant, cost)
+    """`traceparent`: the producer's trace context (docs/tracing.md), None untraced."""
+    await pool.execute(INSERT_SQL, photo_id, original_key, lane, tenant, cost, traceparent)
 
 
 @translated

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from darkroom.store.db import Pool, translated
 
-Outcome = Literal["claimed", "already", "skipped", "busy", "exhausted"]
+Outcome = Literal["claimed", "already", "skipped", "busy", "exhausted", "paused"]
 NO_PHOTO = uuid.UUID(int=0)
 
 
@@ -59,9 +59,14 @@ class Claim:
 # Every claim that takes the job, its own holder's included, grants the next fencing token
 # (`lease_token`, which only grows) and records the re-render generation it renders
 # (`generation`): a publish clears the requests up to that generation, no further.
+# An unfinished photo of a paused scope (queue_pauses, in force: `until` against now(); $8
+# the lane of the entry's stream, else the photo's) is left alone: `paused`, nothing
+# counted, nothing written; but a claim by the job's own holder (work in progress, its
+# first reply lost) goes on. Read by this statement, a pause committed before it started
+# holds whatever any worker has heard of it.
 CLAIM_SQL = """
 WITH p AS (
-    SELECT id, original_key, processing_state, rerender_generation,
+    SELECT id, original_key, processing_state, rerender_generation, lane, tenant,
            processing_state IN ('processed', 'processing_failed')
            AND NOT (processing_state = 'processed' AND rerender_requested_at IS NOT NULL)
            AS finished,
@@ -77,6 +82,12 @@ WITH p AS (
     FROM photo_jobs j JOIN p ON j.photo_id = p.id
     WHERE j.photo_id = $1 AND j.type = 'process'
     FOR UPDATE OF j
+), paused AS (
+    SELECT EXISTS (
+        SELECT 1 FROM queue_pauses q JOIN p ON true
+        WHERE (q.lane IS NULL OR q.lane = coalesce($8, p.lane))
+          AND (q.tenant IS NULL OR q.tenant = p.tenant)
+          AND (q.until IS NULL OR q.until > now())) AS held
 ), next AS (
     SELECT p.id AS photo_id, prior.id AS job_id, coalesce(prior.own, false) AS own,
            coalesce(prior.attempt, 0) + CASE WHEN prior.own THEN 0 ELSE 1 END AS attempt,
@@ -86,6 +97,7 @@ WITH p AS (
            p.rerender_generation AS generation
     FROM p LEFT JOIN prior ON true
     WHERE NOT p.finished AND NOT coalesce(prior.held, false)
+      AND (NOT (SELECT held FROM paused) OR coalesce(prior.own, false))
 ), job AS (
     INSERT INTO photo_jobs AS j (id, photo_id, type, state, attempt, run_offset, stream_entry,
                                  consumer, holder, lease_until, started_at, lease_token,
@@ -112,7 +124,8 @@ WITH p AS (
     RETURNING attempt - run_offset AS run_attempt, lease_token
 ), photo AS (
     UPDATE photos SET processing_state = 'processing', error_code = NULL, updated_at = now(),
-        last_activity_at = now(), enqueued_at = coalesce(photos.enqueued_at, now())
+        last_activity_at = now(), enqueued_at = coalesce(photos.enqueued_at, now()),
+        traceparent = coalesce(photos.traceparent, $9::text)
     FROM p WHERE photos.id = $1 AND p.id = $1 AND NOT p.rerender AND EXISTS (SELECT 1 FROM job)
 ), attempt_row AS (
     -- the delivery's `running` history row, in the claim's own commit ($7: its lane;
@@ -132,7 +145,8 @@ SELECT p.original_key, p.finished, p.processing_state, job.run_attempt, job.leas
        next.attempt - next.run_offset AS next_attempt, next.own,
        NOT next.own AND next.attempt - next.run_offset > $6 AS over_cap, prior.held,
        prior.stream_entry, prior.consumer, prior.error_code, prior.last_error,
-       coalesce((SELECT id FROM attempt_row), (SELECT id FROM own_row)) AS attempt_row
+       coalesce((SELECT id FROM attempt_row), (SELECT id FROM own_row)) AS attempt_row,
+       (SELECT held FROM paused) AND NOT coalesce(prior.own, false) AS paused
 FROM p LEFT JOIN job ON true LEFT JOIN prior ON true LEFT JOIN next ON true
 """
 
@@ -165,10 +179,16 @@ async def claim(
     consumer: str,
     lease: Lease = NO_LEASE,
     history_lane: str | None = None,
+    lane: str | None = None,
+    traceparent: str | None = None,
 ) -> Claim:
     """`history_lane`: write the delivery's `running` history row (with that lane) in the
-    same statement when a job is claimed; None writes none."""
-    row = await pool.fetchrow(CLAIM_SQL, photo_id, entry_id, consumer, *lease.args, history_lane)
+    same statement when a job is claimed; None writes none. `lane`: the stream the entry
+    came from, which a pause of a lane holds (None: the photo's own lane). `traceparent`:
+    the entry's, kept on a photo that has none yet (every later hop carries it)."""
+    row = await pool.fetchrow(
+        CLAIM_SQL, photo_id, entry_id, consumer, *lease.args, history_lane, lane, traceparent
+    )
     if row is None:
         return Claim("skipped", photo_id=photo_id)
     return _claim_of(photo_id, row)
@@ -182,6 +202,8 @@ def _claim_of(photo_id: uuid.UUID, row: Any) -> Claim:
                  token=row["lease_token"] or 0)  # fmt: skip
     if row["finished"]:
         return base
+    if row["paused"]:
+        return replace(base, outcome="paused", token=0)
     if row["over_cap"]:  # the job is taken all the same: only its owner records a failure
         return replace(base, outcome="exhausted", attempt=row["next_attempt"])
     if row["run_attempt"] is not None:

@@ -33,9 +33,11 @@ class Event:
     type: str
     data: dict[str, Any]
     created_at: datetime
+    traceparent: str | None = None  # the photo's (schema.sql): the event joins its trace
 
 
-COLUMNS = "id, event_id, photo_id, type, data::text AS data, created_at"
+COLUMNS = """id, event_id, photo_id, type, data::text AS data, created_at,
+    (SELECT p.traceparent FROM photos p WHERE p.id = photo_events.photo_id) AS traceparent"""
 # Served by photo_events_unpublished_idx: the cost is the backlog of unpublished rows.
 UNPUBLISHED_SQL = f"""
 SELECT {COLUMNS} FROM photo_events WHERE published_at IS NULL ORDER BY id LIMIT $1
@@ -92,7 +94,7 @@ DELETE FROM photo_events WHERE id IN (
 
 def _event(row: Any) -> Event:
     return Event(row["id"], row["event_id"], row["photo_id"], row["type"],
-                 json.loads(row["data"]), row["created_at"])  # fmt: skip
+                 json.loads(row["data"]), row["created_at"], row["traceparent"])  # fmt: skip
 
 
 @translated
@@ -188,7 +190,9 @@ def notice(payload: str) -> dict[str, Any]:
 
 def envelope(event: Event, source: str) -> dict[str, Any]:
     """Pure: the CloudEvents 1.0 structured form; `id` is the row's uuid, stable across
-    every republication, `time` the committing transaction's clock."""
+    every republication, `time` the committing transaction's clock; `traceparent` (the
+    distributed-tracing extension) the photo's trace context, when it has one."""
+    traced = {"traceparent": event.traceparent} if event.traceparent else {}
     return {
         "specversion": "1.0",
         "id": str(event.event_id),
@@ -198,4 +202,5 @@ def envelope(event: Event, source: str) -> dict[str, Any]:
         "time": event.created_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
         "datacontenttype": "application/json",
         "data": event.data,
+        **traced,
     }

@@ -33,6 +33,7 @@ GRANTS: tuple[tuple[str, str], ...] = (
     ("photo_events", "SELECT"), ("photo_events", "INSERT"), ("photo_events", "UPDATE"),
     ("photo_events", "DELETE"),
     ("darkroom_duties", "SELECT"), ("darkroom_duties", "INSERT"), ("darkroom_duties", "UPDATE"),
+    ("queue_pauses", "SELECT"),
     ("photo_jobs.id", "USAGE"), ("photo_attempts.id", "USAGE"), ("photo_events.id", "USAGE"),
 )  # fmt: skip
 
@@ -47,6 +48,13 @@ WHERE NOT CASE WHEN g.object LIKE '%.%'
     ELSE has_table_privilege(g.object, g.privilege) END
 ORDER BY g.n
 """
+
+
+@translated
+async def ping(pool: Pool) -> None:
+    """The database answers a query (the web process's readiness: it reads, and writes
+    only on an operator's action, which then names its own failure)."""
+    await pool.fetchval("SELECT 1")
 
 
 @translated

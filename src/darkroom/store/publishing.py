@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from darkroom.store import keys
-from darkroom.store.db import Pool, translated
+from darkroom.store.db import Connection, Pool, translated
 
 # A first render moves `processing` → `processed` and publishes. A re-render (a processed
 # photo with a request) replaces renditions and facts in place: the photo stays processed,
@@ -43,7 +43,7 @@ WITH old AS (
         lens_model = $11, exposure = $12::jsonb, original_sha256 = $13, has_alpha = $14,
         frames = $15, source_profile = $16, latitude = $17, longitude = $18,
         thumbhash = $19, dominant_color = $20,
-        hdr = $21,
+        hdr = $21, focal_x = $29, focal_y = $30,
         rerendered_at = CASE WHEN processing_state = 'processed' THEN now()
                              ELSE rerendered_at END,
         rerender_requested_at = CASE WHEN rerender_generation > lease.generation
@@ -145,6 +145,8 @@ async def publish(
         attempt.upload_ms,
         attempt.peak_rss_mb,
         *lease,
+        facts.get("focal_x"),  # $29, $30: after the lease, so no earlier number moves
+        facts.get("focal_y"),
     )
     assert row is not None
     return Published(row["status"], keys.keys_of(row["replaced"]), row["again"])
@@ -172,7 +174,7 @@ RETURNING id
 
 @translated
 async def request_rerender(
-    pool: Pool, photo_ids: list[uuid.UUID], since: datetime | None
+    pool: Pool | Connection, photo_ids: list[uuid.UUID], since: datetime | None
 ) -> list[uuid.UUID]:
     """Mark processed photos (these, or all processed since a time) for a re-render; the
     ids that were marked. Photos in any other state are left alone."""

@@ -8,6 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+import anyio
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
@@ -15,12 +16,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from darkroom import metrics
+from darkroom.errors import DarkroomError
 from darkroom.operate import chart, history, ops
 from darkroom.operate.finished import Finished
 from darkroom.operate.web import downloads
 from darkroom.operate.web.render import deps, json_response, render
 from darkroom.queue.streams import Streams
-from darkroom.store import db, views
+from darkroom.store import db, probe, views
 from darkroom.store.storage import CONTENT_TYPES
 
 PAGE_SIZE = 50
@@ -29,6 +31,7 @@ MAX_PAGE_SIZE = 500  # a larger `limit` is clamped to it, and the page shows the
 # A dead-letter page filtered by code reads at most this many letters (one XRANGE): the
 # stream cannot be indexed by code, so the page says when it stopped short.
 LETTER_SCAN_MAX = 1000
+READY_TIMEOUT_S = 1.0  # each; both within the probe's timeoutSeconds (3)
 STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
@@ -53,7 +56,14 @@ async def overview(request: Request) -> Response:
                               "Photos finished per hour, last day"),
     }  # fmt: skip
     settle_ms = int(deps(request).settings.web_snapshot_s * 1000) + 100  # refresh.js
-    return render(request, "overview.html", report=report, charts=charts, settle_ms=settle_ms)
+    return render(
+        request,
+        "overview.html",
+        report=report,
+        charts=charts,
+        settle_ms=settle_ms,
+        q=request.query_params,
+    )
 
 
 async def api_status(request: Request) -> Response:
@@ -234,6 +244,26 @@ async def queue_metrics(request: Request) -> Response:
 
 async def livez(request: Request) -> Response:
     return Response("ok\n", media_type="text/plain")
+
+
+async def readyz(request: Request) -> Response:
+    """200 while PostgreSQL and Redis answer (each within READY_TIMEOUT_S), else 503 naming
+    what is down and why, as the worker's /readyz does: a load balancer sends no one to a
+    page that can only show an error."""
+    d = deps(request)
+    checks = {"database": lambda: probe.ping(d.pool), "queue": d.streams.probe}
+    down: dict[str, str] = {}
+    for name, check in checks.items():
+        try:
+            with anyio.fail_after(READY_TIMEOUT_S):
+                await check()
+        except DarkroomError as exc:
+            down[name] = f"{exc.reason}: {exc}"
+        except TimeoutError:
+            down[name] = f"timeout: no answer within {READY_TIMEOUT_S:g} s"
+    body = {"ready": not down, "down": down}
+    return Response(msgspec.json.encode(body) + b"\n", 503 if down else 200,
+                    media_type="application/json")  # fmt: skip
 
 
 async def favicon(request: Request) -> Response:

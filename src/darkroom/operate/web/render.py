@@ -53,6 +53,7 @@ def render(request: Request, template: str, status: int = 200, **context: Any) -
     context |= {
         "read_only": not auth.enabled,
         "operator": bool(session and session.operator),
+        "operator_name": session.name if session and session.operator else "",
         "csrf": auth.csrf_token(session) if session else "",
         "path": request.url.path,
         "status": status,

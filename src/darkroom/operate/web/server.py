@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from darkroom.errors import DarkroomError
 from darkroom.operate.finished import Finished
-from darkroom.operate.web import actions, live, pages
+from darkroom.operate.web import actions, live, pages, pausing, retry_all, trail
 from darkroom.operate.web.auth import Auth
 from darkroom.operate.web.downloads import Slots
 from darkroom.operate.web.render import HERE, Deps, on_dependency_error, on_http_error
@@ -184,6 +184,8 @@ ROUTES = [
     Route("/api/status", pages.api_status),
     Route("/photos", pages.photos),
     Route("/api/photos", pages.api_photos),
+    Route("/photos/retry-all", retry_all.confirm),
+    Route("/photos/retry-all", retry_all.retry_all, methods=["POST"]),
     Route("/photos/{photo_id:uuid}", pages.photo),
     Route("/api/photos/{photo_id:uuid}", pages.api_photo),
     Route("/photos/{photo_id:uuid}/renditions/{index:int}", pages.rendition),
@@ -194,11 +196,16 @@ ROUTES = [
     Route("/dead-letters", pages.dead_letter_list),
     Route("/api/dead-letters", pages.api_dead_letters),
     Route("/dead-letters/replay", actions.replay, methods=["POST"]),
+    Route("/audit", trail.audit_list),
+    Route("/api/audit", trail.api_audit),
+    Route("/pauses", pausing.pause, methods=["POST"]),
+    Route("/pauses/resume", pausing.resume, methods=["POST"]),
     Route("/login", actions.login_page),
     Route("/login", actions.login, methods=["POST"]),
     Route("/logout", actions.logout, methods=["POST"]),
     Route("/metrics", pages.queue_metrics),
     Route("/livez", pages.livez),
+    Route("/readyz", pages.readyz),
     Route("/live", live.live),
     Route("/favicon.ico", pages.favicon),
     Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),

@@ -45,6 +45,10 @@ class Snapshot(Generic[T]):
                     await self._refresh()
         return self._value()
 
+    def expire(self) -> None:
+        """An action changed what it shows: the next get loads anew."""
+        self._taken_s = -math.inf
+
     def _fresh(self) -> bool:
         return is_fresh(self._taken_s, self._now(), self.max_age_s)
 

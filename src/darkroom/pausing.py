@@ -1,0 +1,56 @@
+"""Each worker's copy of the pauses (queue_pauses in PostgreSQL, the truth): re-read every
+POLL_S, so every replica stops reading a paused lane, and its feeder feeding a paused
+tenant, within a second of the pause's commit. The claim reads the table itself
+(leases.CLAIM_SQL), so a copy a moment old never lets a paused photo start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+import structlog
+
+from darkroom.errors import DarkroomError
+from darkroom.queue.pacing import Throttle
+from darkroom.queue.pauses import Paused
+from darkroom.store import db, pauses
+
+log = structlog.get_logger("darkroom.pausing")
+
+# One indexed read of a table of a few rows per replica and period: the whole cost of
+# learning within a second (docs/operations.md says why no LISTEN).
+POLL_S = 0.5
+REPEAT_LOG_EVERY_S = 10.0
+
+
+@dataclass
+class PauseWatch:
+    pool: db.Pool
+    heard: Callable[[Paused], None]  # called on each change, with the pauses now in force
+    paused: Paused = field(default_factory=Paused)
+    _throttle: Throttle = field(default_factory=lambda: Throttle(REPEAT_LOG_EVERY_S))
+
+    async def run(self) -> None:
+        while True:
+            await self.look()
+            await anyio.sleep(POLL_S)
+
+    async def look(self) -> None:
+        """Read the pauses once; while the database fails, the last copy stands (the
+        claim refuses a paused photo whatever this copy says)."""
+        try:
+            now = Paused.of(await pauses.active(self.pool))
+        except DarkroomError as exc:
+            quiet = self._throttle.allow(exc.code, anyio.current_time())
+            if quiet is not None:
+                log.warning("reading the pauses failed", error_code=exc.code, error=str(exc))
+            return
+        self._throttle.clear()
+        if now != self.paused:
+            self.paused = now
+            scopes = sorted(f"{p.lane or '*'}/{'*' if p.tenant is None else p.tenant}"
+                            for p in now.pauses)  # fmt: skip
+            log.info("pauses changed", paused=scopes)
+            self.heard(now)
