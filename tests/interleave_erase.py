@@ -18,8 +18,6 @@ from hypothesis.stateful import invariant, precondition, rule
 from darkroom.operate import erase, gc
 from darkroom.store import audit
 
-ACTION = audit.Action(operator="harness", via="cli", action="erase", reason="interleaving")
-
 # Per erased photo: its state and renditions, and whether an event follows its erase event
 # (a publish, a re-render or a failure accepted after the erase committed).
 ERASED_SQL = """
@@ -38,6 +36,11 @@ SELECT DISTINCT photo_id FROM photo_attempts
 WHERE photo_id = ANY($1::uuid[])
   AND outcome NOT IN ('published', 'skipped', 'already', 'busy', 'lease_lost')
 """
+
+
+def action() -> audit.Action:
+    """Each erase its own action in the trail (one `started`, one ending)."""
+    return audit.Action(operator="harness", via="cli", action="erase", reason="interleaving")
 
 
 class EraseRules:
@@ -64,7 +67,7 @@ class EraseRules:
 
     async def _erase(self, photo_id: uuid.UUID, original: bool) -> dict[str, int]:
         tally = await erase.erase_photos(
-            self.rig.pool, self.storage, [photo_id], ACTION, original=original,
+            self.rig.pool, self.storage, [photo_id], action(), original=original,
             dry_run=False, say=lambda _: None,
         )  # fmt: skip
         self.erased[photo_id] = self.erased.get(photo_id, False) or original

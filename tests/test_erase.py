@@ -1,6 +1,6 @@
 """`darkroom erase` against real servers, on the local folder and on S3 (moto): no object of
 an erased photo is left in storage, what identifies a person or place is nulled, the row is
-`erased` for good (a late entry is skipped), one event and one audit row record it; and an
+`erased` for good (a late entry is skipped), one event and its audit rows record it; and an
 erase that races a render in flight wins: the render's publish is refused and its uploads
 do not survive."""
 
@@ -65,7 +65,8 @@ def erase(env: Env, photo_id: uuid.UUID, *args: str) -> Any:
 def test_erase_deletes_every_object_nulls_the_facts_and_records_it(env: Env) -> None:
     """A processed photo, erased with --original: no object of it is left (renditions of
     every generation and the original), its identifying facts are nulled, it is `erased`
-    and unpublished, one `darkroom.photo.erased` event and one audit row record it."""
+    and unpublished, one `darkroom.photo.erased` event records it, and the audit trail its
+    start (in the erase's commit) and its end."""
     [photo_id] = env.ingest([PHOTO])
     env.cli("run", "--drain", **KEEP_GPS)
     env.cli("enqueue", "--rerender", str(photo_id))  # a second generation of renditions
@@ -83,10 +84,11 @@ def test_erase_deletes_every_object_nulls_the_facts_and_records_it(env: Env) -> 
     [event] = env.query("SELECT data FROM photo_events WHERE photo_id = $1 AND type = $2",
                         photo_id, "darkroom.photo.erased")  # fmt: skip
     assert "latitude" not in json.loads(event["data"])["facts"]
-    [audit] = json.loads(env.cli("audit", "--action", "erase", "--json").stdout)
-    assert (audit["outcome"], audit["count"], audit["reason"]) == (
-        "done", 1, "subject access request 17")  # fmt: skip
-    assert audit["selection"] == {"photo_ids": [str(photo_id)], "original": True}
+    ended, started = json.loads(env.cli("audit", "--action", "erase", "--json").stdout)
+    assert (started["outcome"], ended["outcome"]) == ("started", "done")
+    assert (ended["count"], ended["reason"]) == (1, "subject access request 17")
+    assert ended["selection"] == {"photo_ids": [str(photo_id)], "original": True}
+    assert ended["detail"]["left"] == [], "the ending, after the deletes: none left"
 
 
 def test_without_original_the_original_stays_and_a_dry_run_changes_nothing(
@@ -109,7 +111,7 @@ def test_without_original_the_original_stays_and_a_dry_run_changes_nothing(
     events = file_env.query("SELECT type FROM photo_events WHERE photo_id = $1", photo_id)
     assert [e["type"] for e in events].count("darkroom.photo.erased") == 1
     outcomes = [a["outcome"] for a in json.loads(file_env.cli("audit", "--json").stdout)]
-    assert outcomes == ["done", "done", "dry_run"]
+    assert outcomes == ["done", "started", "done", "started", "dry_run"]
 
 
 def test_a_late_entry_of_an_erased_photo_is_skipped_without_rendering(env: Env) -> None:

@@ -368,6 +368,6 @@ def test_operator_erases_a_photo_from_its_page(file_env: Env, page: Page) -> Non
     root = file_env.tmp / "var" / "storage"
     assert [p for p in root.rglob("*") if p.is_file() and str(good_id) in str(p)] == []
     [row] = query(file_env, "SELECT operator, via, reason, outcome FROM operator_actions "
-                  "WHERE action = 'erase'")  # fmt: skip
+                  "WHERE action = 'erase' AND outcome <> 'started'")  # fmt: skip
     assert dict(row) == {"operator": "operator", "via": "page",
                          "reason": "user asked to be forgotten", "outcome": "done"}  # fmt: skip

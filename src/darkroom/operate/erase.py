@@ -12,6 +12,8 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 
+from msgspec.structs import replace
+
 from darkroom.errors import DarkroomError
 from darkroom.operate.audit import cli_action
 from darkroom.services import services, storage_for
@@ -52,15 +54,18 @@ async def erase_photos(
     unique = sorted(set(photo_ids))
     for start in range(0, len(unique), BATCH):
         batch = unique[start : start + BATCH]
-        found = await erasure.erase(pool, batch, action, dry_run)
+        # each batch an action of the trail (its `started` commits with its rows)
+        batch_action = action if start == 0 else replace(action, action_id=uuid.uuid4())
+        found = await erasure.erase(pool, batch, batch_action, dry_run)
         _count(found, tally, say)
         left: list[str] = []
         for photo_id in found.found:
             objects = await _objects(storage, photo_id, found.originals, original)
             left += await _delete(storage, objects, dry_run, tally, say)
-        if left:
-            detail = {"left": left, "photo_ids": batch}
-            await audit.record(pool, action, "failed", len(left), detail)
+        if not dry_run:
+            detail = {**found.detail(), "left": left}
+            ending: audit.Outcome = "failed" if left else "done"
+            await audit.record(pool, batch_action, ending, len(found.erased), detail)
     return tally
 
 

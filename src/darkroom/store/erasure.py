@@ -82,12 +82,13 @@ class Erased:
 async def erase(
     pool: Pool, photo_ids: list[uuid.UUID], action: audit.Action, dry_run: bool = False
 ) -> Erased:
-    """Erase these photos in one transaction with the action's audit row (`done`, or
-    `dry_run` and nothing changed)."""
+    """Erase these photos in one transaction with the action's `started` audit row (its
+    ending follows once the objects are deleted), or, a dry run, its `dry_run` row and
+    nothing changed."""
     async with pool.acquire() as conn, conn.transaction():
         rows = await conn.fetch(LOOK_SQL if dry_run else ERASE_SQL, photo_ids)
         found = _erased(photo_ids, rows)
-        outcome: audit.Outcome = "dry_run" if dry_run else "done"
+        outcome: audit.Outcome = "dry_run" if dry_run else "started"
         await audit.record(conn, action, outcome, len(found.erased), found.detail())
     return found
 
