@@ -14,7 +14,13 @@ from hypothesis.stateful import invariant, rule
 from darkroom.store import audit, pauses
 
 SCOPES = [(None, None), ("bulk", None), ("interactive", None), (None, "t1"), ("bulk", "t2")]
-OPERATOR = audit.Action(operator="interleaver", via="cli", action="pause", reason="schedule")
+
+
+def operator() -> audit.Action:
+    """Each pause or resume its own action in the trail (one ending each)."""
+    return audit.Action(operator="interleaver", via="cli", action="pause", reason="schedule")
+
+
 # The attempts counted so far of each photo of a scope: only a claim counts one (its own
 # holder's, work in progress, counts none), so a count that grew while the scope was paused
 # is a claim the pause should have refused, and an attempt it burned.
@@ -56,7 +62,7 @@ class PauseRules:
         self.paused[scope] = self._do(self._pause(scope))
 
     async def _pause(self, scope: Scope) -> Counts:
-        await pauses.pause(self.rig.pool, OPERATOR, scope, None)
+        await pauses.pause(self.rig.pool, operator(), scope, None)
         return await self._attempts(scope)
 
     async def _attempts(self, scope: Scope) -> Counts:
@@ -68,7 +74,7 @@ class PauseRules:
         self._do(self._resume(scope))
 
     async def _resume(self, scope: Scope) -> None:
-        await pauses.resume(self.rig.pool, OPERATOR, scope)
+        await pauses.resume(self.rig.pool, operator(), scope)
         for held in [s for s in self.paused if _inside(s, scope)]:
             del self.paused[held]
 
