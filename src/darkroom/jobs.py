@@ -246,7 +246,8 @@ class Jobs:
             )  # fmt: skip
         current = [r["key"] for r in renditions]
         if published.status != "published":
-            await self._delete_unreferenced(task.photo_id, current, "refused uploads")
+            if published.status != "lost":  # lost: a newer lease renders, maybe these keys
+                await self._delete_unreferenced(task.photo_id, current, "refused uploads")
             return _refused(entry, claim, published.status)
         self.recorder.published(entry)
         if "tenant" in entry.fields:  # a bulk entry (the feeder's)
