@@ -51,6 +51,9 @@ class Claim:
 # on (a duplicate XADD, e.g. a producer's and the intake's) is `busy`, never a second render.
 # A job that is done or failed (a re-render, an operator retry) starts a new run. The photo
 # becomes `processing`; a processed photo with a re-render requested stays processed.
+# An erased photo is no photo to work on (its row stays, for the record): `skipped`, as a
+# deleted one. A claim waiting for the row's lock re-reads it once granted, so a claim
+# that queued behind an erase sees it erased.
 # A claim sets `enqueued_at` if unset: the PostgreSQL intake never enqueues a photo again
 # once a worker claimed it through its producer's own XADD.
 # Every claim that takes the job, its own holder's included, grants the next fencing token
@@ -68,7 +71,7 @@ WITH p AS (
            AND NOT (processing_state = 'processed' AND rerender_requested_at IS NOT NULL)
            AS finished,
            processing_state = 'processed' AS rerender
-    FROM photos WHERE id = $1 FOR UPDATE
+    FROM photos WHERE id = $1 AND processing_state <> 'erased' FOR UPDATE
 ), prior AS (
     SELECT j.id, j.state, j.attempt, j.run_offset, j.stream_entry, j.consumer, j.error_code,
            j.last_error, j.lease_token,
