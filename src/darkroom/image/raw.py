@@ -2,8 +2,10 @@
 kind a file is from its bytes, and the largest embedded JPEG preview, handed back as a
 plain JPEG carrying the RAW's orientation so the JPEG path renders it upright.
 
-Pure: bytes in, bytes out. No RAW decoder runs here (none is installed): a file whose
-largest preview is smaller than the renditions need is `unsupported_format`.
+Pure: bytes in, bytes out. No RAW decoder runs here (none is installed): a preview that
+covers the largest rendition is used as it is; a smaller one still is when it is at least
+USABLE_EDGE long (the renditions then stop at its size, as for any small photo); a file
+with no preview that long is `unsupported_format`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ _MAKERS = {
 KINDS = ("dng", "cr2", "nef", "arw", "orf", "rw2", "raf", "cr3")
 MAX_IFDS = 64  # far above any camera's (a NEF has ~6): a loop or a forged chain ends here
 MAX_ENTRIES = 1024
+# A preview this long is a photo worth showing (the default `medium` rendition's size): real
+# ARW and RAF previews are about 1,600-1,920 px, short of a 2,048 px rendition, and refusing
+# them would refuse most of those cameras' files outright for want of a decoder.
+USABLE_EDGE = 1024
 EXIF_PREFIX_BYTES = 4 * 1024 * 1024  # IFD0 and the EXIF IFD sit at the start of a RAW
 
 # TIFF tags
@@ -74,7 +80,8 @@ def is_cr3(brands: set[bytes]) -> bool:
 
 def preview(data: bytes, fmt: str, needed_edge: int, max_pixels: int) -> Preview:
     """The largest embedded JPEG preview, after the pixel budget over every image the file
-    declares; `unsupported_format` when none covers `needed_edge` (or the sensor)."""
+    declares; `unsupported_format` when none is USABLE_EDGE long (or covers `needed_edge`,
+    or the sensor, when those are shorter)."""
     if fmt == "cr3":
         raise UnsupportedFormatError("CR3: embedded previews are not read and no RAW decoder")
     if fmt == "raf":
@@ -84,7 +91,7 @@ def preview(data: bytes, fmt: str, needed_edge: int, max_pixels: int) -> Preview
     for width, height in images:
         _check_pixels(width, height, max_pixels)
     sensor_edge = max((max(w, h) for w, h in images), default=0)
-    edge = min(needed_edge, sensor_edge) if sensor_edge else needed_edge
+    edge = min(needed_edge, sensor_edge or needed_edge, USABLE_EDGE)
     jpeg, width, height = _covering(_largest(data, previews, max_pixels), edge)
     magic = b"II*\0" if data[:2] == b"II" else b"MM\0*"  # ORF's and RW2's own magic to TIFF's
     exif = magic + data[4:EXIF_PREFIX_BYTES]
@@ -96,7 +103,8 @@ def _raf(data: bytes, needed_edge: int, max_pixels: int) -> Preview:
     if len(data) < 92:
         raise CorruptImageError("RAF header truncated")
     offset, length = struct.unpack(">II", data[84:92])
-    jpeg, width, height = _covering(_largest(data, [(offset, length)], max_pixels), needed_edge)
+    edge = min(needed_edge, USABLE_EDGE)
+    jpeg, width, height = _covering(_largest(data, [(offset, length)], max_pixels), edge)
     return Preview(jpeg, width, height, None)
 
 

@@ -59,8 +59,9 @@ class Claim:
 # Every claim that takes the job, its own holder's included, grants the next fencing token
 # (`lease_token`, which only grows) and records the re-render generation it renders
 # (`generation`): a publish clears the requests up to that generation, no further.
-# An unfinished photo of a paused scope (queue_pauses, in force: `until` against now(); $8
-# the lane of the entry's stream, else the photo's) is left alone: `paused`, nothing
+# An unfinished photo of a paused scope (queue_pauses, in force: `until` against now(); a
+# lane pause holds the lane of the entry's stream, $8, and the photo's own lane, which an
+# operator's move may have changed since that entry was added) is left alone: `paused`, nothing
 # counted, nothing written; but a claim by the job's own holder (work in progress, its
 # first reply lost) goes on. Read by this statement, a pause committed before it started
 # holds whatever any worker has heard of it.
@@ -85,7 +86,7 @@ WITH p AS (
 ), paused AS (
     SELECT EXISTS (
         SELECT 1 FROM queue_pauses q JOIN p ON true
-        WHERE (q.lane IS NULL OR q.lane = coalesce($8, p.lane))
+        WHERE (q.lane IS NULL OR q.lane = coalesce($8, p.lane) OR q.lane = p.lane)
           AND (q.tenant IS NULL OR q.tenant = p.tenant)
           AND (q.until IS NULL OR q.until > now())) AS held
 ), next AS (
