@@ -21,8 +21,8 @@ from report import corpus, machine, write_section
 from ssimulacra2 import compute_ssimulacra2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from darkroom.image import pipeline, quality  # noqa: E402
-from darkroom.settings import DEFAULT_RENDITIONS, parse_renditions  # noqa: E402
+from darkroom.image import pipeline, quality
+from darkroom.settings import DEFAULT_RENDITIONS, parse_renditions
 
 AUTO = ",".join(f"{item.rsplit(':', 1)[0]}:q=auto" for item in DEFAULT_RENDITIONS.split(","))
 # Distinct scenes of the team corpus (the Landscape_N files are one photo turned).
@@ -57,7 +57,9 @@ def scored(data: bytes, renditions: list[pipeline.Rendered]) -> float:
     references = pipeline.render(data, parse_renditions(text), 100_000_000).renditions
     lowest = 100.0
     for r, reference in zip(small, references, strict=True):
-        lowest = min(lowest, float(compute_ssimulacra2(io.BytesIO(reference.data), io.BytesIO(r.data))))
+        lowest = min(
+            lowest, float(compute_ssimulacra2(io.BytesIO(reference.data), io.BytesIO(r.data)))
+        )
     return lowest
 
 
@@ -71,7 +73,9 @@ def compare(photos: list[Path]) -> str:
             chosen = "/".join(str(r.quality) for r in renditions) if label == "auto" else ""
             total = totals[label]
             total[0], total[1], total[2] = total[0] + size, total[1] + cpu, min(total[2], low)
-            line += [f"{size / 1024:.0f}", f"{low:.1f}", f"{cpu:.2f}"] + ([chosen] if chosen else [])
+            line += [f"{size / 1024:.0f}", f"{low:.1f}", f"{cpu:.2f}"] + (
+                [chosen] if chosen else []
+            )
         rows.append("| " + " | ".join(line) + " |")
         print(rows[-1], file=sys.stderr)
     return _table(rows, totals, len(photos))
@@ -101,9 +105,13 @@ def calibrate(photos: list[Path]) -> str:
                 encoded = pipeline._save(image, spec.__class__(**{**_fields(spec), "quality": q}))
                 sample = quality.sampled(image)
                 small = pipeline._save(sample, spec.__class__(**{**_fields(spec), "quality": q}))
-                x = math.log10(quality.loss(quality.luma(sample), quality.luma(quality._decoded(small))))
+                x = math.log10(
+                    quality.loss(quality.luma(sample), quality.luma(quality._decoded(small)))
+                )
                 pairs.append((x, reference_metric(image, encoded)))
-                print(f"{path.name} {spec.format} q={q} {x:.3f} {pairs[-1][1]:.1f}", file=sys.stderr)
+                print(
+                    f"{path.name} {spec.format} q={q} {x:.3f} {pairs[-1][1]:.1f}", file=sys.stderr
+                )
     n = len(pairs)
     mx, my = sum(p[0] for p in pairs) / n, sum(p[1] for p in pairs) / n
     b = sum((x - mx) * (y - my) for x, y in pairs) / sum((x - mx) ** 2 for x, _ in pairs)
@@ -123,7 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument("--limit", type=int, default=len(SCENES))
-    parser.add_argument("--output", type=Path)
+    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     pyvips.concurrency_set(1)
     name, photos = corpus()
@@ -137,8 +145,8 @@ def main() -> None:
         f"load changes CPU seconds less than wall time, but not nothing).\n\n{compare(photos)}"
     )
     print(body)
-    if args.output:
-        write_section(args.output, "quality", body)
+    if args.out:
+        write_section(args.out, "quality", body)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,9 @@ def test_a_score_target_is_met_within_tolerance(target: int) -> None:
 def test_a_higher_target_never_chooses_a_lower_quality() -> None:
     """score=80 is encoded at least as high as score=60 on the same photo, and is larger."""
     data = (PHOTOS / "Landscape_2.jpg").read_bytes()
-    low, high = render(data, parse_renditions("a:512:jpeg:score=60,b:512:jpeg:score=80"), MAX_PIXELS).renditions
+    low, high = render(
+        data, parse_renditions("a:512:jpeg:score=60,b:512:jpeg:score=80"), MAX_PIXELS
+    ).renditions
     assert low.quality <= high.quality and len(low.data) <= len(high.data)
 
 
@@ -91,7 +93,9 @@ def test_fixed_quality_lists_render_the_same_bytes_as_before(name: str) -> None:
 def test_the_manifest_records_the_chosen_quality_and_score_of_a_target_only() -> None:
     """A q=auto rendition's row entry names its quality and score; a fixed one is as before."""
     data = (PHOTOS / "Landscape_1.jpg").read_bytes()
-    auto, fixed = render(data, parse_renditions("a:320:webp:q=auto,f:320:jpeg"), MAX_PIXELS).renditions
+    auto, fixed = render(
+        data, parse_renditions("a:320:webp:q=auto,f:320:jpeg"), MAX_PIXELS
+    ).renditions
     key = f"renditions/{uuid.uuid4()}/a.webp"
     described = jobs._described(auto, key)
     assert described["quality"] == auto.quality and described["score"] == auto.score

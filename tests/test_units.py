@@ -90,7 +90,13 @@ def test_rendition_boxes_options_and_quality_targets() -> None:
     assert parse_renditions("t:320:webp:q=auto")[0].target == AUTO_TARGET["webp"]
     assert parse_renditions("t:320:jpeg:score=80:crop=centre")[0].target == 80.0
     assert parse_renditions("t:320:webp")[0].target is None
-    for bad in ("png:q=auto", "webp:score=99", "webp:score=29", "webp:q=80:score=70", "webp:q=best"):
+    for bad in (
+        "png:q=auto",
+        "webp:score=99",
+        "webp:score=29",
+        "webp:q=80:score=70",
+        "webp:q=best",
+    ):
         with pytest.raises(ValueError):  # noqa: PT011 - the message varies by mistake
             parse_renditions(f"t:320:{bad}")
     with pytest.raises(SettingsError, match=r"^DARKROOM_RENDITIONS: .*score must be 30..95"):

@@ -82,7 +82,7 @@ def luma(image: pyvips.Image) -> np.ndarray:
     ).astype(np.float32)
     if image.bands < 3:
         return pixels[:, :, 0]
-    return 0.299 * pixels[:, :, 0] + 0.587 * pixels[:, :, 1] + 0.114 * pixels[:, :, 2]
+    return np.asarray(0.299 * pixels[:, :, 0] + 0.587 * pixels[:, :, 1] + 0.114 * pixels[:, :, 2])
 
 
 def similarity(fmt: str, reference: np.ndarray, distorted: np.ndarray) -> float:
@@ -111,19 +111,21 @@ def _box(a: np.ndarray) -> np.ndarray:
     """The mean of every WINDOW x WINDOW box fully inside `a`."""
     s = np.pad(a.astype(np.float64), ((1, 0), (1, 0))).cumsum(0).cumsum(1)
     w = WINDOW
-    return (s[w:, w:] - s[:-w, w:] - s[w:, :-w] + s[:-w, :-w]) / (w * w)
+    return np.asarray((s[w:, w:] - s[:-w, w:] - s[w:, :-w] + s[:-w, :-w]) / (w * w))
 
 
 def _half(a: np.ndarray) -> np.ndarray:
     h, w = a.shape[0] // 2 * 2, a.shape[1] // 2 * 2
-    return (a[:h:2, :w:2] + a[1:h:2, :w:2] + a[:h:2, 1:w:2] + a[1:h:2, 1:w:2]) / 4
+    return np.asarray((a[:h:2, :w:2] + a[1:h:2, :w:2] + a[:h:2, 1:w:2] + a[1:h:2, 1:w:2]) / 4)
 
 
 def _decoded(data: bytes) -> pyvips.Image:
     return pyvips.Image.new_from_buffer(data, "")
 
 
-def encoded(image: pyvips.Image, spec: RenditionSpec, save: Save) -> tuple[bytes, int, float | None]:
+def encoded(
+    image: pyvips.Image, spec: RenditionSpec, save: Save
+) -> tuple[bytes, int, float | None]:
     """The rendition's bytes, the quality they were encoded at and, for a spec with a
     target, the calibrated score its sample reached (None at a fixed quality)."""
     if spec.target is None:
