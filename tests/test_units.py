@@ -88,7 +88,7 @@ def test_rendition_boxes_options_and_quality_targets() -> None:
     assert parse_renditions("c:64x32:avif:crop=centre:50")[0].quality == 50
     assert parse_renditions("t:320:webp:q=75") == parse_renditions("t:320:webp:75")
     assert parse_renditions("t:320:webp:q=auto")[0].target == AUTO_TARGET["webp"]
-    assert parse_renditions("t:320:jpeg:score=80:crop=centre")[0].target == 80.0
+    assert parse_renditions("t:320x320:jpeg:score=80:crop=centre")[0].target == 80.0
     assert parse_renditions("t:320:webp")[0].target is None
     for bad in (
         "png:q=auto",
