@@ -11,7 +11,8 @@ import pyvips
 from darkroom import jobs
 from darkroom.image import quality
 from darkroom.image.pipeline import render
-from darkroom.settings import DEFAULT_RENDITIONS, parse_renditions
+from darkroom.image.renderer import RenderPool
+from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 from tests.conftest import PHOTOS
 
 MAX_PIXELS = 100_000_000
@@ -101,3 +102,19 @@ def test_the_manifest_records_the_chosen_quality_and_score_of_a_target_only() ->
     assert described["quality"] == auto.quality and described["score"] == auto.score
     assert described["scored_by"] == "ssim-calibrated"
     assert set(jobs._described(fixed, key)) == {"name", "format", "key", "width", "height", "bytes"}
+
+
+async def test_a_render_process_returns_the_quality_it_chose() -> None:
+    """Through the worker's render pool, a q=auto rendition comes back as encoded in-process."""
+    data = (PHOTOS / "Landscape_6.jpg").read_bytes()
+    specs = parse_renditions("m:512:webp:q=auto,f:512:jpeg")
+    settings = Settings()
+    async with RenderPool(1, max_pixels=settings.max_pixels, timeout_s=120.0, memory_mb=2048,
+                          renders_per_process=100, max_rss_mb=512,
+                          keep_mb=settings.render_keep_mb) as renderer:  # fmt: skip
+        pooled = (await renderer.render(data, specs)).renditions
+    local = render(data, specs, settings.max_pixels).renditions
+    assert [(r.quality, r.score, r.sha256) for r in pooled] == [
+        (r.quality, r.score, r.sha256) for r in local
+    ]
+    assert pooled[0].score is not None and pooled[1].score is None
