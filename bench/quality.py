@@ -24,7 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from darkroom.image import pipeline, quality
 from darkroom.settings import DEFAULT_RENDITIONS, parse_renditions
 
-AUTO = ",".join(f"{item.rsplit(':', 1)[0]}:q=auto" for item in DEFAULT_RENDITIONS.split(","))
+
+def targeted(option: str = "q=auto", jpeg_option: str | None = None) -> str:
+    """The default list with its fixed qualities replaced by a target (JPEG's may differ)."""
+    items = [item.rsplit(":", 1)[0] for item in DEFAULT_RENDITIONS.split(",")]
+    return ",".join(f"{i}:{jpeg_option if jpeg_option and ':jpeg' in i else option}" for i in items)
+
+
 # Distinct scenes of the team corpus (the Landscape_N files are one photo turned).
 SCENES = ("42_IndexError", "HMD_Nokia", "iphone_hdr_NO", "orientation-issue-1", "Landscape_1",
           "jpg-24bit-icc-adobe-rgb")  # fmt: skip
@@ -63,11 +69,11 @@ def scored(data: bytes, renditions: list[pipeline.Rendered]) -> float:
     return lowest
 
 
-def compare(photos: list[Path]) -> str:
+def compare(photos: list[Path], auto: str) -> str:
     rows, totals = [], {"fixed": [0, 0.0, 100.0], "auto": [0, 0.0, 100.0]}
     for path in photos:
         data, line = path.read_bytes(), [path.name]
-        for label, text in (("fixed", DEFAULT_RENDITIONS), ("auto", AUTO)):
+        for label, text in (("fixed", DEFAULT_RENDITIONS), ("auto", auto)):
             renditions, cpu = rendered(data, text)
             size, low = sum(len(r.data) for r in renditions), scored(data, renditions)
             chosen = "/".join(str(r.quality) for r in renditions) if label == "auto" else ""
@@ -132,6 +138,7 @@ def main() -> None:
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument("--limit", type=int, default=len(SCENES))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--scores", help="WEBP,JPEG targets instead of q=auto's, e.g. 65,70")
     args = parser.parse_args()
     pyvips.concurrency_set(1)
     name, photos = corpus()
@@ -139,10 +146,13 @@ def main() -> None:
     if args.calibrate:
         print(calibrate(photos))
         return
+    webp, _, jpeg = (args.scores or "").partition(",")
+    auto = targeted(f"score={webp}", f"score={jpeg}") if args.scores else targeted()
     body = (
         f"## Bytes and quality\n\n{machine()}; {name}, {len(photos)} photos; one libvips "
         f"thread; CPU is user+system seconds of this process (the machine was shared: "
-        f"load changes CPU seconds less than wall time, but not nothing).\n\n{compare(photos)}"
+        f"load changes CPU seconds less than wall time, but not nothing). Targets: {auto}"
+        f"\n\n{compare(photos, auto)}"
     )
     print(body)
     if args.out:
