@@ -396,10 +396,16 @@ def _upload_of(photo_id: uuid.UUID, r: Rendered) -> Upload:
 
 
 def _described(r: Rendered, key: str) -> dict[str, Any]:
-    """The rendition as the photo's row lists it; a box's `crop` when it was cropped."""
+    """The rendition as the photo's row lists it; a box's `crop` when it was cropped; the
+    quality chosen for a target and the score its calibrated metric predicted
+    (`scored_by`: not SSIMULACRA2 itself, see docs/photos.md)."""
     described = {"name": r.name, "format": r.format, "key": key, "width": r.width,
                  "height": r.height, "bytes": len(r.data)}  # fmt: skip
-    return {**described, "crop": r.crop} if r.crop else described
+    if r.crop:
+        described["crop"] = r.crop
+    if r.score is not None:
+        described |= {"quality": r.quality, "score": r.score, "scored_by": "ssim-calibrated"}
+    return described
 
 
 def _wait_observer(entry: Entry, deliveries: int) -> Callable[[], object] | None:

@@ -31,6 +31,7 @@ from darkroom.image import (
     heifedit,
     isobmff,
     placeholders,
+    quality,
     raw,
     tonemap,
 )
@@ -103,6 +104,8 @@ class Rendered(msgspec.Struct, frozen=True):
     data: bytes
     sha256: str  # of `data`, hashed here in the render process (names its storage key)
     crop: str | None = None  # a box's crop: attention or centre
+    quality: int = 0  # the encoder's, fixed or chosen for a target (image/quality.py)
+    score: float | None = None  # the calibrated score a target's choice reached
 
 
 class RenderResult(msgspec.Struct, frozen=True):
@@ -369,27 +372,28 @@ def _cascade(base: pyvips.Image, specs: list[RenditionSpec]) -> tuple[list[Rende
     and the same format and quality are one encode: identical bytes, their own objects.
     Boxes come last, each from the smallest image of the cascade that covers it."""
     current, renditions, chain = base, [], [base]
-    encoded: dict[tuple[str, int], tuple[bytes, str]] = {}  # of `current`, by format
+    encoded: dict[tuple[str, int, float | None], Rendered] = {}  # of `current`, by format
     for spec in (spec for spec in specs if spec.box is None):
         if max(current.width, current.height) > spec.size:
             current = current.thumbnail_image(spec.size, height=spec.size, size="down")
             current = current.copy_memory()
             chain, encoded = [*chain, current], {}
-        key = (spec.format, spec.quality)
+        key = (spec.format, spec.quality, spec.target)
         if key not in encoded:
-            data = _save(current, spec)
-            encoded[key] = data, hashlib.sha256(data).hexdigest()
-        data, digest = encoded[key]
-        renditions.append(Rendered(spec.name, spec.format, spec.ext, current.width,
-                                   current.height, data, digest))  # fmt: skip
+            encoded[key] = _encoded(current, spec)
+        renditions.append(msgspec.structs.replace(encoded[key], name=spec.name))
     return renditions + [_boxed(chain, spec) for spec in specs if spec.box], current
 
 
 def _boxed(chain: list[pyvips.Image], spec: RenditionSpec) -> Rendered:
-    image = crops.boxed(crops.source(chain, spec), spec)
-    data = _save(image, spec)
+    rendered = _encoded(crops.boxed(crops.source(chain, spec), spec), spec)
+    return msgspec.structs.replace(rendered, crop=spec.crop)
+
+
+def _encoded(image: pyvips.Image, spec: RenditionSpec) -> Rendered:
+    data, chosen, score = quality.encoded(image, spec, _save)
     return Rendered(spec.name, spec.format, spec.ext, image.width, image.height, data,
-                    hashlib.sha256(data).hexdigest(), spec.crop)  # fmt: skip
+                    hashlib.sha256(data).hexdigest(), None, chosen, score)  # fmt: skip
 
 
 def _save(image: pyvips.Image, spec: RenditionSpec) -> bytes:
