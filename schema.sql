@@ -6,7 +6,8 @@ CREATE TABLE IF NOT EXISTS photos (
     original_key     text        NOT NULL,
     processing_state text        NOT NULL DEFAULT 'uploaded'
         CONSTRAINT photos_processing_state_check
-        CHECK (processing_state IN ('uploaded', 'processing', 'processed', 'processing_failed')),
+        CHECK (processing_state IN ('uploaded', 'processing', 'processed', 'processing_failed',
+                                    'erased')),
     visibility       text        NOT NULL DEFAULT 'unpublished'
         CONSTRAINT photos_visibility_check
         CHECK (visibility IN ('unpublished', 'published')),
@@ -239,7 +240,7 @@ CREATE TABLE IF NOT EXISTS photo_events (
     type         text        NOT NULL CONSTRAINT photo_events_type_check CHECK (type IN (
         'darkroom.photo.published', 'darkroom.photo.failed',
         'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
-        'darkroom.queue.paused', 'darkroom.queue.resumed')),
+        'darkroom.queue.paused', 'darkroom.queue.resumed', 'darkroom.photo.erased')),
     data         jsonb       NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
     published_at timestamptz
@@ -435,13 +436,13 @@ CREATE UNIQUE INDEX IF NOT EXISTS queue_pauses_scope_idx
 -- its LIMIT of the lane's rows plus those of the tenants paused.
 CREATE INDEX IF NOT EXISTS photos_unfinished_lane_idx ON photos (lane, tenant)
     WHERE processing_state IN ('uploaded', 'processing');
--- A database made before the queue events: its check admits them from now on (NOT VALID:
--- the rows already there are the photo types, no scan needed).
+-- A database made before the queue events (or erasure): its check admits them from now on
+-- (NOT VALID: the rows already there are the photo types, no scan needed).
 ALTER TABLE photo_events DROP CONSTRAINT IF EXISTS photo_events_type_check;
 ALTER TABLE photo_events ADD CONSTRAINT photo_events_type_check CHECK (type IN (
     'darkroom.photo.published', 'darkroom.photo.failed',
     'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
-    'darkroom.queue.paused', 'darkroom.queue.resumed')) NOT VALID;
+    'darkroom.queue.paused', 'darkroom.queue.resumed', 'darkroom.photo.erased')) NOT VALID;
 -- ---- end of pauses ------------------------------------------------------------------------
 
 -- W3C trace context of the photo (docs/tracing.md): filled by a PostgreSQL-only producer, or
@@ -467,3 +468,21 @@ CREATE TABLE IF NOT EXISTS tenant_limits (
 CREATE INDEX IF NOT EXISTS photos_interactive_tenant_idx ON photos (tenant, created_at)
     WHERE lane = 'interactive' AND tenant <> '';
 -- ---- end of per-tenant rate limits -----------------------------------------------------------
+
+-- ---- erasure ------------------------------------------------------------------------------
+-- `darkroom erase` (store/erasure.py): a terminal state no claim takes (CLAIM_SQL sees an
+-- erased row as no row: `skipped`), `erased_at` when it happened; its event type is admitted
+-- with the queue events' above. A database made before erasure has the narrower state check:
+-- replaced once, NOT VALID (every existing row passes the narrower one: no scan under the
+-- table's lock).
+ALTER TABLE photos ADD COLUMN IF NOT EXISTS erased_at timestamptz;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'photos_processing_state_check'
+                   AND pg_get_constraintdef(oid) LIKE '%erased%') THEN
+        ALTER TABLE photos DROP CONSTRAINT IF EXISTS photos_processing_state_check,
+            ADD CONSTRAINT photos_processing_state_check CHECK (processing_state IN (
+                'uploaded', 'processing', 'processed', 'processing_failed', 'erased')) NOT VALID;
+    END IF;
+END $$;
+-- ---- end of erasure -----------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 import structlog
 
 from darkroom.errors import CorruptImageError, RenderTimeoutError
-from darkroom.queue.messages import Entry, task_fields
+from darkroom.queue.messages import Entry, Task, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.store import db, intake, leases, publishing, views
 from darkroom.store import lanes as store_lanes
@@ -122,7 +122,7 @@ async def test_a_stale_retry_leaves_the_new_holders_job_and_entry_alone(worker: 
     a = worker
     photo_id, entry = await one_photo(a)
     assert a.in_flight.admit(entry.id)
-    a_claim = await a.jobs._claim(entry, photo_id)
+    a_claim = await a.jobs._claim(entry, Task(photo_id))
     await expire_and_reclaim(a, entry)
     b_claim = await leases.claim(a.pool, photo_id, entry.id, "w2", leases.Lease("B", 60_000, 5))
     assert (a_claim.token, b_claim.token) == (1, 2)
@@ -138,7 +138,7 @@ async def test_a_stale_holders_final_failure_is_refused(worker: Worker) -> None:
     a = worker
     photo_id, entry = await one_photo(a)
     assert a.in_flight.admit(entry.id)
-    await a.jobs._claim(entry, photo_id)
+    await a.jobs._claim(entry, Task(photo_id))
     await expire_and_reclaim(a, entry)
     await leases.claim(a.pool, photo_id, entry.id, "w2", leases.Lease("B", 60_000, 5))
     await a.jobs._fail(entry, 9, CorruptImageError("late"), structlog.get_logger())
@@ -309,7 +309,7 @@ async def test_a_stale_rerender_failure_leaves_an_entry_its_successor_set_back(
     await a.streams.enqueue(task_fields(photo_id))
     [rerender] = await a.streams.read_new(1, 100)
     assert a.in_flight.admit(rerender.id)
-    assert (await a.jobs._claim(rerender, photo_id)).outcome == "claimed"
+    assert (await a.jobs._claim(rerender, Task(photo_id))).outcome == "claimed"
     await expire_and_reclaim(a, rerender)
     b = await leases.claim(a.pool, photo_id, rerender.id, "w2", leases.Lease("B", 60_000, 5))
     assert await leases.record_retry(a.pool, photo_id, b.token, "render_timeout", "x", 60_000)

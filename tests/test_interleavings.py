@@ -51,6 +51,7 @@ from tests.interleave import (
 )
 from tests.interleave_audit import AuditRules
 from tests.interleave_bulk import BulkRules
+from tests.interleave_erase import EraseRules
 from tests.interleave_limits import LimitRules
 from tests.interleave_pause import PauseRules
 
@@ -73,7 +74,9 @@ TABLES = ("photo_events", "photo_attempts", "photo_jobs", "photos")
 SHM = Path("/dev/shm")  # storage fsyncs every put: on tmpfs that costs nothing
 
 
-class Interleavings(AuditRules, BulkRules, PauseRules, LimitRules, RuleBasedStateMachine):
+class Interleavings(
+    AuditRules, BulkRules, PauseRules, LimitRules, EraseRules, RuleBasedStateMachine
+):
     rig: Rig  # set by the test on a subclass
 
     def __init__(self) -> None:
@@ -391,6 +394,7 @@ class Interleavings(AuditRules, BulkRules, PauseRules, LimitRules, RuleBasedStat
             if not worked:
                 break
         await promises.after_the_drain(self.world, self.photos)
+        await self.erased_left_nothing()
 
     async def _clean_up(self) -> None:
         everyone = self.hands + self.dead

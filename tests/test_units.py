@@ -32,7 +32,7 @@ from darkroom.queue.messages import (
     parse_task,
     received,
 )
-from darkroom.settings import RenditionSpec, Settings, parse_renditions, redact
+from darkroom.settings import AUTO_TARGET, RenditionSpec, Settings, parse_renditions, redact
 from darkroom.store import keys
 
 SRC = Path(__file__).parents[1] / "src" / "darkroom"
@@ -79,19 +79,28 @@ def test_renditions_setting_parses_and_rejects() -> None:
             parse_renditions(bad)
 
 
-def test_rendition_boxes_options_and_reserved_words() -> None:
-    """Boxes, q=N and crop parse; q=auto and score=N are refused as not supported yet."""
+def test_rendition_boxes_options_and_quality_targets() -> None:
+    """Boxes, q=N, crop, q=auto and score=N parse; a target on PNG or out of range is refused."""
     assert parse_renditions("avatar:256x256:webp:crop=attention, b:300x200:jpg:q=70") == (
         RenditionSpec("avatar", 256, "webp", 80, (256, 256), "attention"),
         RenditionSpec("b", 300, "jpeg", 70, (300, 200)),
     )
     assert parse_renditions("c:64x32:avif:crop=centre:50")[0].quality == 50
     assert parse_renditions("t:320:webp:q=75") == parse_renditions("t:320:webp:75")
-    for reserved in ("q=auto", "score=80"):
-        with pytest.raises(ValueError, match=f"{reserved} is not supported yet"):
-            parse_renditions(f"t:320:webp:{reserved}")
-    with pytest.raises(SettingsError, match=r"^DARKROOM_RENDITIONS: .*q=auto is not supported yet"):
-        from_env({"DARKROOM_RENDITIONS": "t:320:webp:q=auto"})
+    assert parse_renditions("t:320:webp:q=auto")[0].target == AUTO_TARGET["webp"]
+    assert parse_renditions("t:320x320:jpeg:score=80:crop=centre")[0].target == 80.0
+    assert parse_renditions("t:320:webp")[0].target is None
+    for bad in (
+        "png:q=auto",
+        "webp:score=99",
+        "webp:score=29",
+        "webp:q=80:score=70",
+        "webp:q=best",
+    ):
+        with pytest.raises(ValueError):  # noqa: PT011 - the message varies by mistake
+            parse_renditions(f"t:320:{bad}")
+    with pytest.raises(SettingsError, match=r"^DARKROOM_RENDITIONS: .*score must be 30..95"):
+        from_env({"DARKROOM_RENDITIONS": "t:320:webp:score=10"})
 
 
 def test_settings_error_names_the_variable() -> None:

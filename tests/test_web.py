@@ -190,7 +190,7 @@ def test_a_form_without_its_csrf_token_is_refused(file_env: Env, page: Page) -> 
 
 def test_actions_answer_401_without_and_403_with_a_wrong_token(file_env: Env) -> None:
     """No credentials: 401; a wrong bearer token: 403; neither changes anything. The right
-    token replays, retries and restores (JSON for scripts)."""
+    token replays, retries, restores and erases (JSON for scripts)."""
     _, bad_id = failed_and_processed(file_env)
     base = start_web(file_env)
     replay = f"{base}/dead-letters/replay"
@@ -207,6 +207,13 @@ def test_actions_answer_401_without_and_403_with_a_wrong_token(file_env: Env) ->
     assert state_of(file_env, bad_id) == "uploaded" and file_env.redis.xlen(file_env.dead) == 0
     again = httpx.post(f"{base}/photos/{bad_id}/retry", headers=auth)
     assert again.status_code == 409, "only a failed photo can be retried"
+    erase = f"{base}/photos/{bad_id}/erase"
+    form = {"reason": "a script's erase", "confirm": "erase"}
+    assert httpx.post(erase, data=form).status_code == 401
+    assert httpx.post(erase, headers=auth, data={"reason": "x"}).status_code == 400
+    erased = httpx.post(erase, headers=auth, data=form)
+    assert erased.status_code == 200 and erased.json()["erased"] is True
+    assert state_of(file_env, bad_id) == "erased"
 
 
 def test_json_api_returns_the_status_and_a_photo(file_env: Env) -> None:
@@ -338,3 +345,29 @@ def test_sigterm_stops_the_page_cleanly_and_a_taken_port_is_a_clear_error(file_e
     web.send_signal(signal.SIGTERM)
     web.communicate(timeout=30)
     assert web.returncode == 0
+
+
+def test_operator_erases_a_photo_from_its_page(file_env: Env, page: Page) -> None:
+    """A logged-in operator erases a processed photo with its original from its page
+    (reason given, `erase` typed to confirm): the page says so, the photo is `erased`, no
+    object of it is left in the folder, and the audit row names the page and the login name
+    (`operator`: none was given)."""
+    good_id, _ = failed_and_processed(file_env)
+    base = start_web(file_env)
+    log_in(page, base, f"/photos/{good_id}")
+    page.fill("#erase-form input[name=reason]", "user asked to be forgotten")
+    page.check("#erase-form input[name=original]")
+    page.click("#erase-form button[type=submit]")  # not typed: the browser refuses it
+    assert state_of(file_env, good_id) == "processed"
+    page.fill("#erase-form input[name=confirm]", "erase")
+    page.click("#erase-form button[type=submit]")
+    expect(page.locator("#notice")).to_contain_text("Erased")
+    expect(page.locator("#state")).to_have_text("erased")
+    expect(page.locator("#erase-form")).to_have_count(0)
+    assert state_of(file_env, good_id) == "erased"
+    root = file_env.tmp / "var" / "storage"
+    assert [p for p in root.rglob("*") if p.is_file() and str(good_id) in str(p)] == []
+    [row] = query(file_env, "SELECT operator, via, reason, outcome FROM operator_actions "
+                  "WHERE action = 'erase' AND outcome <> 'started'")  # fmt: skip
+    assert dict(row) == {"operator": "operator", "via": "page",
+                         "reason": "user asked to be forgotten", "outcome": "done"}  # fmt: skip

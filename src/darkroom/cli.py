@@ -27,7 +27,7 @@ from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
 from darkroom.image.cost import cost_of
 from darkroom.image.renderer import isolated
-from darkroom.operate import acts, audit, bulk, gc, history, limits, ops, pause, web
+from darkroom.operate import acts, audit, bulk, erase, gc, history, limits, ops, pause, web
 from darkroom.operate import events as events_command
 from darkroom.operate.progress import Progress
 from darkroom.queue.messages import task_fields
@@ -273,4 +273,5 @@ COMMANDS = {
     **bulk.COMMANDS,
     **pause.COMMANDS,
     "limits": limits.cmd_limits,
+    "erase": erase.cmd_erase,
 }

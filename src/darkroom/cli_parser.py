@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from darkroom import __version__
-from darkroom.operate import bulk, gc, limits, ops, pause
+from darkroom.operate import bulk, erase, gc, limits, ops, pause
 from darkroom.operate import events as events_command
 from darkroom.operate.progress import parse_rate
 from darkroom.queue.lanes import parse_lane, parse_tenant
@@ -121,6 +121,7 @@ SUBCOMMANDS = {
     ),
     **bulk.SUBCOMMANDS,
     "limits": limits.HELP,
+    "erase": erase.HELP,
 }
 
 
@@ -178,7 +179,7 @@ def _dlq_arguments(dlq: argparse.ArgumentParser) -> None:
 
 def _photos_arguments(photos: argparse.ArgumentParser) -> None:
     photos.add_argument(
-        "--state", choices=["uploaded", "processing", "processed", "processing_failed"]
+        "--state", choices=["uploaded", "processing", "processed", "processing_failed", "erased"]
     )
     photos.add_argument("--limit", type=int, default=50)
     photos.add_argument("--json", action="store_true")
@@ -244,6 +245,7 @@ ARGUMENTS = {
     "events": _events_arguments,
     **bulk.ARGUMENTS,
     "limits": limits.arguments,
+    "erase": erase.add_arguments,
 }
 pause.register(SUBCOMMANDS, ARGUMENTS)
 

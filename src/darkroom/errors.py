@@ -141,7 +141,10 @@ def _table() -> dict[str, CodeInfo]:
         "bad_message": "stream entry is not a UUID photo_id among at most 16 small UTF-8 fields",
         "original_missing": "no original at the photo's original_key",
         "original_too_large": "original is larger than DARKROOM_MAX_ORIGINAL_BYTES",
-        "unsupported_format": "content is not JPEG, PNG, WebP, GIF, HEIC/HEIF or AVIF",
+        "unsupported_format": (
+            "content is not JPEG, PNG, WebP, GIF, HEIC/HEIF, AVIF,"
+            " or a camera RAW with a large enough preview"
+        ),
         "corrupt_image": "truncated or damaged image data",
         "image_too_large": "header claims more pixels than DARKROOM_MAX_PIXELS",
         "storage_unavailable": "object storage failed or was unreachable",

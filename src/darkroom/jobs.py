@@ -246,14 +246,17 @@ class Jobs:
                 self.pool, task.photo_id, facts, msgspec.json.encode(renditions).decode(),
                 (claim.token, entry.id), self.recorder.publishing(entry),
             )  # fmt: skip
+        current = [r["key"] for r in renditions]
         if published.status != "published":
+            if published.status != "lost":  # lost: a newer lease renders, maybe these keys
+                await self._delete_unreferenced(task.photo_id, current, "refused uploads")
             return _refused(entry, claim, published.status)
         self.recorder.published(entry)
         if "tenant" in entry.fields:  # a bulk entry (the feeder's)
             pixels = int(facts.get("width") or 0) * int(facts.get("height") or 0)
             metrics.count_tenant_done(entry.fields["tenant"], pixels, self.named_tenants)
-        current = [r["key"] for r in renditions]
-        await self._delete_superseded(task.photo_id, keys.superseded(published.replaced, current))
+        replaced = keys.superseded(published.replaced, current)
+        await self._delete_unreferenced(task.photo_id, replaced, "superseded renditions")
         if published.again:
             await self.outcomes.again(entry, task.photo_id)
         return "published"
@@ -349,10 +352,14 @@ class Jobs:
         await self.storage.put_many(uploads, self.settings.cache_control)
         return [_described(r, u.key) for r, u in zip(result.renditions, uploads, strict=True)]
 
-    async def _delete_superseded(self, photo_id: uuid.UUID, candidates: list[str]) -> None:
-        """After the commit, best effort: the photo is published, so a failure here only
-        leaves objects for `darkroom gc` (never an error for the photo). Under the photo's
-        row lock: no other delivery can claim it and commit these keys meanwhile."""
+    async def _delete_unreferenced(
+        self, photo_id: uuid.UUID, candidates: list[str], what: str
+    ) -> None:
+        """After the commit (the replaced renditions), or after a refused publish (this
+        delivery's uploads: an erase revoked the lease, or another delivery won), best
+        effort: a failure only leaves objects for `darkroom gc`. Under the photo's row lock:
+        no other delivery can claim it and commit these keys meanwhile, and none of a photo
+        another delivery is rendering (its uploads may share these content-named keys)."""
         if not candidates:
             return
         try:
@@ -360,7 +367,7 @@ class Jobs:
                 for key in keys.deletable(candidates, held):
                     await self.storage.delete(key)
         except DarkroomError as exc:
-            log.warning("superseded renditions left for darkroom gc", photo_id=str(photo_id),
+            log.warning(f"{what} left for darkroom gc", photo_id=str(photo_id),
                         keys=candidates, error_code=exc.code, error=str(exc))  # fmt: skip
 
     async def _fail(self, entry: Entry, deliveries: int, exc: DarkroomError, bound: Any) -> None:
@@ -376,11 +383,13 @@ class Jobs:
 
 
 def _refused(entry: Entry, claim: leases.Claim, status: str) -> str:
-    """A publish that matched no live lease of this claim: logged once, nothing changed.
-    Its uploads are left for `darkroom gc` (no row references them)."""
+    """A publish that matched no live lease of this claim: logged once, nothing changed
+    (its uploads are deleted before). An erased photo's entry is `skipped`, as its claim
+    would be now."""
     log.warning("lease_lost", entry_id=entry.id, photo_id=str(claim.photo_id),
-                token=claim.token, refused="publish", entry_taken=status == "lost")  # fmt: skip
-    return "lease_lost" if status == "lost" else "already"
+                token=claim.token, refused="publish", entry_taken=status == "lost",
+                erased=status == "erased")  # fmt: skip
+    return {"lost": "lease_lost", "erased": "skipped"}.get(status, "already")
 
 
 def _upload_of(photo_id: uuid.UUID, r: Rendered) -> Upload:
@@ -389,10 +398,16 @@ def _upload_of(photo_id: uuid.UUID, r: Rendered) -> Upload:
 
 
 def _described(r: Rendered, key: str) -> dict[str, Any]:
-    """The rendition as the photo's row lists it; a box's `crop` when it was cropped."""
+    """The rendition as the photo's row lists it; a box's `crop` when it was cropped; the
+    quality chosen for a target and the score its calibrated metric predicted
+    (`scored_by`: not SSIMULACRA2 itself, see docs/photos.md)."""
     described = {"name": r.name, "format": r.format, "key": key, "width": r.width,
                  "height": r.height, "bytes": len(r.data)}  # fmt: skip
-    return {**described, "crop": r.crop} if r.crop else described
+    if r.crop:
+        described["crop"] = r.crop
+    if r.score is not None:
+        described |= {"quality": r.quality, "score": r.score, "scored_by": "ssim-calibrated"}
+    return described
 
 
 def _wait_observer(entry: Entry, deliveries: int) -> Callable[[], object] | None:

@@ -284,7 +284,7 @@ def queue_metrics(report: dict[str, Any]) -> bytes:
     GROUP_LAG.set(report["lag"] or 0)
     GROUP_PENDING.set(report["pending"])
     DEAD_LETTERS.set(report["dead_letters"])
-    for state in ("uploaded", "processing", "processed", "processing_failed"):
+    for state in ("uploaded", "processing", "processed", "processing_failed", "erased"):
         PHOTOS.labels(state).set(report["photos"].get(state, 0))
     PHOTOS_ESTIMATED.set(1 if report.get("photos_estimated") else 0)
     for lane, numbers in report.get("lanes", {}).items():

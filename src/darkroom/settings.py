@@ -18,6 +18,11 @@ import msgspec
 Format = Literal["webp", "jpeg", "avif", "png"]
 EXTENSIONS: dict[str, str] = {"webp": "webp", "jpeg": "jpg", "avif": "avif", "png": "png"}
 DEFAULT_QUALITY: dict[str, int] = {"webp": 80, "jpeg": 82, "avif": 60, "png": 100}
+# q=auto's SSIMULACRA2 target per format: the lowest score DEFAULT_QUALITY reached over the
+# team's camera photos, so the worst-looking photo looks as it does at a fixed quality
+# (bench/quality.py, docs/photos.md "A quality target per rendition").
+AUTO_TARGET: dict[str, float] = {"webp": 68.0, "jpeg": 72.0, "avif": 68.0}
+SCORES = (30, 95)  # the score=N a target may ask for: below, artefacts; above, near-lossless
 
 
 Crop = Literal["attention", "centre"]
@@ -34,6 +39,8 @@ class RenditionSpec(msgspec.Struct, frozen=True):
     quality: int
     box: tuple[int, int] | None = None
     crop: Crop | None = None
+    # An SSIMULACRA2 score to reach: the quality is then chosen per photo (image/quality.py)
+    target: float | None = None
 
     @property
     def ext(self) -> str:
@@ -44,14 +51,12 @@ DEFAULT_RENDITIONS = "thumb:320:webp:80,medium:1024:webp:80,medium:1024:jpeg:82,
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _SIZE = re.compile(r"^(\d{1,5})(?:x(\d{1,5}))?$")
 _CROPS: dict[str, Crop] = {"attention": "attention", "centre": "centre", "center": "centre"}
-# Reserved for quality chosen per photo by a perceptual score: refused until implemented,
-# so that a list written for it never renders at some other quality silently.
-_RESERVED = ("q=auto", "score=")
 
 
 def parse_renditions(text: str) -> tuple[RenditionSpec, ...]:
     """Parse `name:SIZE:format[:OPTION]...,...` (SIZE: a long edge `2048` or a box
-    `256x256`; OPTION: `q=N` or a bare N, `crop=attention|centre`); raises ValueError."""
+    `256x256`; OPTION: `q=N` or a bare N, `q=auto`, `score=N`, `crop=attention|centre`);
+    raises ValueError."""
     specs = tuple(_spec(part.strip()) for part in text.split(","))
     if len({(s.name, s.format) for s in specs}) != len(specs):
         raise ValueError("two renditions share a name and format")
@@ -69,7 +74,8 @@ def _spec(item: str) -> RenditionSpec:
     if fmt not in EXTENSIONS:
         raise ValueError(f"{item!r}: format must be one of webp, jpeg, avif, png")
     options = _options(item, fields[3:])
-    quality = int(options.get("q", DEFAULT_QUALITY[fmt]))
+    target = _target(item, fmt, options)
+    quality = DEFAULT_QUALITY[fmt] if target else int(options.get("q", DEFAULT_QUALITY[fmt]))
     box = (int(size[1]), int(size[2])) if size[2] else None
     edges = box or (int(size[1]),)
     if not all(16 <= edge <= 8192 for edge in edges) or not 1 <= quality <= 100:
@@ -77,19 +83,36 @@ def _spec(item: str) -> RenditionSpec:
     if "crop" in options and box is None:
         raise ValueError(f"{item!r}: crop needs a box (WIDTHxHEIGHT)")
     crop = _CROPS[options["crop"]] if "crop" in options else None
-    return RenditionSpec(fields[0], max(edges), fmt, quality, box, crop)  # type: ignore[arg-type]
+    return RenditionSpec(fields[0], max(edges), fmt, quality, box, crop, target)  # type: ignore[arg-type]
+
+
+def _target(item: str, fmt: str, options: dict[str, str]) -> float | None:
+    """The score q=auto or score=N asks for; None at a fixed quality."""
+    if "score" in options and "q" in options:
+        raise ValueError(f"{item!r}: q and score both set the quality")
+    if options.get("q") != "auto" and "score" not in options:
+        return None
+    if fmt not in AUTO_TARGET:
+        raise ValueError(f"{item!r}: {fmt} is lossless, it has no quality to choose")
+    if options.get("q") == "auto":
+        return AUTO_TARGET[fmt]
+    if not options["score"].isdigit() or not SCORES[0] <= int(options["score"]) <= SCORES[1]:
+        raise ValueError(f"{item!r}: score must be {SCORES[0]}..{SCORES[1]}")
+    return float(options["score"])
 
 
 def _options(item: str, fields: list[str]) -> dict[str, str]:
-    """`q` and `crop` by name, each at most once; a bare number is the quality."""
+    """`q`, `score` and `crop` by name, each at most once; a bare number is the quality."""
     options: dict[str, str] = {}
     for option in (f.strip().lower() for f in fields):
-        if option.startswith(_RESERVED):
-            raise ValueError(f"{item!r}: {option} is not supported yet (use q=N)")
         key, _, value = option.rpartition("=") if "=" in option else ("q", "", option)
-        if (key == "q" and not value.isdigit()) or (key == "crop" and value not in _CROPS):
-            raise ValueError(f"{item!r}: {option!r} is not q=1..100 or crop=attention|centre")
-        if key not in ("q", "crop") or key in options:
+        if (key == "q" and not (value.isdigit() or value == "auto")) or (
+            key == "crop" and value not in _CROPS
+        ):
+            raise ValueError(
+                f"{item!r}: {option!r} is not q=1..100, q=auto, score=N or crop=attention|centre"
+            )
+        if key not in ("q", "crop", "score") or key in options:
             raise ValueError(f"{item!r}: unknown or repeated option {option!r}")
         options[key] = value
     return options

@@ -31,6 +31,8 @@ from darkroom.image import (
     heifedit,
     isobmff,
     placeholders,
+    quality,
+    raw,
     tonemap,
 )
 from darkroom.image.stagetimes import OFF, Stage, Stages
@@ -63,6 +65,9 @@ class Source(msgspec.Struct, frozen=True):
     icc: bytes | None = None
     exif: bytes | None = None
     hdr: str | None = None
+
+
+_Decoded = tuple[pyvips.Image, Source]
 
 
 class Facts(msgspec.Struct, frozen=True):
@@ -100,6 +105,8 @@ class Rendered(msgspec.Struct, frozen=True):
     data: bytes
     sha256: str  # of `data`, hashed here in the render process (names its storage key)
     crop: str | None = None  # a box's crop: attention or centre
+    quality: int = 0  # the encoder's, fixed or chosen for a target (image/quality.py)
+    score: float | None = None  # the calibrated score a target's choice reached
 
 
 class RenderResult(msgspec.Struct, frozen=True):
@@ -119,7 +126,7 @@ def configure() -> None:
 
 
 def sniff(data: bytes) -> str:
-    """Name the format from magic bytes: jpeg, png, gif, webp, heic, avif; else raise."""
+    """Name the format from magic bytes: jpeg, png, gif, webp, heic, avif, raw.KINDS."""
     if data[:3] == b"\xff\xd8\xff":
         return "jpeg"
     if data[:8] == b"\x89PNG\r\n\x1a\n":
@@ -130,6 +137,8 @@ def sniff(data: bytes) -> str:
         return "webp"
     if data[4:8] == b"ftyp":
         return _heif_kind(data)
+    if raw_kind := raw.kind(data):
+        return raw_kind
     raise UnsupportedFormatError("content is not an allowed image format")
 
 
@@ -137,6 +146,8 @@ def _heif_kind(data: bytes) -> str:
     size = int.from_bytes(data[:4], "big")
     box = data[8 : max(16, min(size, 256))]
     brands = {box[i : i + 4] for i in range(0, len(box) - 3, 4)}
+    if raw.is_cr3(brands):
+        return "cr3"
     if brands & _AVIF_BRANDS:
         return "avif"
     if brands & _HEIC_BRANDS or brands & _HEIF_BRANDS:
@@ -151,8 +162,9 @@ def render(
     specs = sorted(specs, key=lambda s: s.size, reverse=True)
     fmt = sniff(data)
     try:
+        decode = _decode_raw if fmt in raw.KINDS else _decode
         with stages.timed("decode"):
-            base, source = _decode(data, fmt, specs, max_pixels)
+            base, source = decode(data, fmt, specs, max_pixels)
         renditions, smallest = _cascade(base, specs, stages)
         with stages.timed("facts"):
             facts = _facts(smallest, source, hashlib.sha256(data).hexdigest())
@@ -239,6 +251,13 @@ def _decode(data: bytes, fmt: str, specs: Specs, max_pixels: int) -> tuple[pyvip
                     _blob(header, "exif-data"), gainmap.GAINMAP if with_map else hdr)  # fmt: skip
     image = _tone_mapped(image if with_map else gainmap.drop(image), hdr, container)
     return _finish(image), source
+
+
+def _decode_raw(data: bytes, fmt: str, specs: Specs, max_pixels: int) -> _Decoded:
+    """A RAW's embedded JPEG preview through the JPEG path; its facts from the RAW's EXIF."""
+    found = raw.preview(data, fmt, crops.decode_edge(specs, 0, 0), max_pixels)
+    image, source = _decode(found.jpeg, "jpeg", specs, max_pixels)
+    return image, msgspec.structs.replace(source, format=fmt, exif=found.exif or source.exif)
 
 
 def _tone_mapped(
@@ -361,21 +380,18 @@ def _cascade(
     and the same format and quality are one encode: identical bytes, their own objects.
     Boxes come last, each from the smallest image of the cascade that covers it."""
     current, renditions, chain = base, [], [base]
-    encoded: dict[tuple[str, int], tuple[bytes, str]] = {}  # of `current`, by format
+    encoded: dict[tuple[str, int, float | None], Rendered] = {}  # of `current`, by format
     for spec in (spec for spec in specs if spec.box is None):
         if max(current.width, current.height) > spec.size:
             with stages.timed("resize", spec.name):
                 current = current.thumbnail_image(spec.size, height=spec.size, size="down")
                 current = current.copy_memory()
             chain, encoded = [*chain, current], {}
-        key = (spec.format, spec.quality)
+        key = (spec.format, spec.quality, spec.target)
         if key not in encoded:
             with stages.timed("encode", spec.name):
-                data = _save(current, spec)
-            encoded[key] = data, hashlib.sha256(data).hexdigest()
-        data, digest = encoded[key]
-        renditions.append(Rendered(spec.name, spec.format, spec.ext, current.width,
-                                   current.height, data, digest))  # fmt: skip
+                encoded[key] = _encoded(current, spec)
+        renditions.append(msgspec.structs.replace(encoded[key], name=spec.name))
     return renditions + [_boxed(chain, spec, stages) for spec in specs if spec.box], current
 
 
@@ -383,9 +399,14 @@ def _boxed(chain: list[pyvips.Image], spec: RenditionSpec, stages: Stages) -> Re
     with stages.timed("crop", spec.name):
         image = crops.boxed(crops.source(chain, spec), spec)
     with stages.timed("encode", spec.name):
-        data = _save(image, spec)
+        rendered = _encoded(image, spec)
+    return msgspec.structs.replace(rendered, crop=spec.crop)
+
+
+def _encoded(image: pyvips.Image, spec: RenditionSpec) -> Rendered:
+    data, chosen, score = quality.encoded(image, spec, _save)
     return Rendered(spec.name, spec.format, spec.ext, image.width, image.height, data,
-                    hashlib.sha256(data).hexdigest(), spec.crop)  # fmt: skip
+                    hashlib.sha256(data).hexdigest(), None, chosen, score)  # fmt: skip
 
 
 def _save(image: pyvips.Image, spec: RenditionSpec) -> bytes:

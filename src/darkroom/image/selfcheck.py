@@ -27,6 +27,7 @@ SAMPLES = {
     "gif": "sample.gif",
     "heic": "sample.heic",
     "avif": "sample.avif",
+    "dng": "sample.dng",  # its embedded JPEG preview stored on its side, orientation 6
 }
 CMYK_SAMPLE = "cmyk.jpg"  # pure cyan, CMYK without a profile
 _SIZE = 32

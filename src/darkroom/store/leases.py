@@ -51,13 +51,17 @@ class Claim:
 # on (a duplicate XADD, e.g. a producer's and the intake's) is `busy`, never a second render.
 # A job that is done or failed (a re-render, an operator retry) starts a new run. The photo
 # becomes `processing`; a processed photo with a re-render requested stays processed.
+# An erased photo is no photo to work on (its row stays, for the record): `skipped`, as a
+# deleted one. A claim waiting for the row's lock re-reads it once granted, so a claim
+# that queued behind an erase sees it erased.
 # A claim sets `enqueued_at` if unset: the PostgreSQL intake never enqueues a photo again
 # once a worker claimed it through its producer's own XADD.
 # Every claim that takes the job, its own holder's included, grants the next fencing token
 # (`lease_token`, which only grows) and records the re-render generation it renders
 # (`generation`): a publish clears the requests up to that generation, no further.
-# An unfinished photo of a paused scope (queue_pauses, in force: `until` against now(); $8
-# the lane of the entry's stream, else the photo's) is left alone: `paused`, nothing
+# An unfinished photo of a paused scope (queue_pauses, in force: `until` against now(); a
+# lane pause holds the lane of the entry's stream, $8, and the photo's own lane, which an
+# operator's move may have changed since that entry was added) is left alone: `paused`, nothing
 # counted, nothing written; but a claim by the job's own holder (work in progress, its
 # first reply lost) goes on. Read by this statement, a pause committed before it started
 # holds whatever any worker has heard of it.
@@ -68,7 +72,7 @@ WITH p AS (
            AND NOT (processing_state = 'processed' AND rerender_requested_at IS NOT NULL)
            AS finished,
            processing_state = 'processed' AS rerender
-    FROM photos WHERE id = $1 FOR UPDATE
+    FROM photos WHERE id = $1 AND processing_state <> 'erased' FOR UPDATE
 ), prior AS (
     SELECT j.id, j.state, j.attempt, j.run_offset, j.stream_entry, j.consumer, j.error_code,
            j.last_error, j.lease_token,
@@ -82,7 +86,7 @@ WITH p AS (
 ), paused AS (
     SELECT EXISTS (
         SELECT 1 FROM queue_pauses q JOIN p ON true
-        WHERE (q.lane IS NULL OR q.lane = coalesce($8, p.lane))
+        WHERE (q.lane IS NULL OR q.lane = coalesce($8, p.lane) OR q.lane = p.lane)
           AND (q.tenant IS NULL OR q.tenant = p.tenant)
           AND (q.until IS NULL OR q.until > now())) AS held
 ), next AS (

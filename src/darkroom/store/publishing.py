@@ -82,6 +82,7 @@ WITH old AS (
 )
 SELECT CASE
     WHEN EXISTS (SELECT 1 FROM photo) THEN 'published'
+    WHEN EXISTS (SELECT 1 FROM old WHERE was = 'erased') THEN 'erased'
     WHEN NOT EXISTS (SELECT 1 FROM lease) AND EXISTS (
         SELECT 1 FROM photo_jobs j WHERE j.photo_id = $1 AND j.type = 'process'
           AND j.state IN ('active', 'pending') AND j.stream_entry = $28) THEN 'lost'
@@ -90,7 +91,7 @@ SELECT CASE
     coalesce((SELECT bool_or(again) FROM photo), false) AS again
 """
 
-Status = Literal["published", "lost", "already"]
+Status = Literal["published", "lost", "already", "erased"]
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ class Published:
     `again` when a re-render requested during the render is still to do. Refused: `lost`
     (a newer lease holds the job through this same entry: the entry is its to ack) or
     `already` (the photo was finished by another delivery, or this entry is a stale
-    duplicate)."""
+    duplicate) or `erased` (`darkroom erase` committed first: its lease was revoked)."""
 
     status: Status
     replaced: list[str] = field(default_factory=list)

@@ -18,7 +18,7 @@ from darkroom.store.db import Cursor, Pool, translated
 # it is under the cap, which is nearly always; only a count past it (typically the
 # processed photos) is estimated from the planner's statistics.
 COUNTS_CAP = 10_000
-STATES = ("uploaded", "processing", "processed", "processing_failed")
+STATES = ("uploaded", "processing", "processed", "processing_failed", "erased")
 # Each state a literal of its own, so each is planned with its own statistics: a rare
 # state reads its index, not the whole table (one correlated subquery over the states
 # array was planned once for all of them: a sequential scan of 1,000,000 rows to find 0).
@@ -189,7 +189,7 @@ WHERE (p.updated_at, p.id) < ($2, $3){filters}
 ORDER BY p.updated_at DESC, p.id DESC
 LIMIT $1
 """
-STATES = ("uploaded", "processing", "processed", "processing_failed")
+STATES = ("uploaded", "processing", "processed", "processing_failed", "erased")
 # Before every photo: the cursor of a first page.
 NEWEST: Cursor = (datetime.max.replace(tzinfo=UTC), uuid.UUID(int=(1 << 128) - 1))
 

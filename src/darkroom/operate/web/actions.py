@@ -1,5 +1,5 @@
 """Actions behind the operator token: replay dead letters, retry a photo, restore its
-original, each recorded in the audit trail (via `page` for a session, under its name;
+original, erase a photo, each recorded in the audit trail (via `page` for a session, under its name;
 `api` for a bearer call, as `token`); and the login/logout forms that set the session
 cookie."""
 
@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from darkroom.operate import ops
+from darkroom.operate import erase, ops
 from darkroom.operate.audit import audited
 from darkroom.operate.web.auth import COOKIE, Session, clean_name
 from darkroom.operate.web.pages import photo_or_404
@@ -129,6 +129,25 @@ async def restore_original(request: Request) -> Response:
     log.info("original restored", via=caller.kind, photo_id=str(row["id"]),
              key=row["original_key"], bytes=len(data), retried=retried)  # fmt: skip
     return done(caller.kind, f"/photos/{row['id']}", {"restored": len(data), "retried": retried})
+
+
+async def erase_photo(request: Request) -> Response:
+    """`darkroom erase` of one photo, confirmed by typing `erase`, with a reason (the
+    audit row, written in the erase's own commit, names the caller as the others do)."""
+    caller = await authorize(request)
+    d = deps(request)
+    row = await photo_or_404(request)
+    if caller.form.get("confirm") != "erase" or not str(caller.form.get("reason") or "").strip():
+        raise HTTPException(400, "type `erase` to confirm, and give a reason")
+    original = bool(caller.form.get("original"))
+    action = caller.action("erase", {"photo_ids": [row["id"]], "original": original})
+    tally = await erase.erase_photos(
+        d.pool, d.storage, [row["id"]], action, original=original, dry_run=False,
+        say=lambda _: None,
+    )  # fmt: skip
+    log.info("photo erased", via=caller.kind, photo_id=str(row["id"]), **tally)
+    payload = {"erased": True, "deleted": tally["deleted"], "failed": tally["failed"]}
+    return done(caller.kind, f"/photos/{row['id']}", payload)
 
 
 def safe_next(raw: object) -> str:

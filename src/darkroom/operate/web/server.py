@@ -192,6 +192,7 @@ ROUTES = [
     Route("/photos/{photo_id:uuid}/original", pages.original),
     Route("/photos/{photo_id:uuid}/original", actions.restore_original, methods=["POST"]),
     Route("/photos/{photo_id:uuid}/retry", actions.retry, methods=["POST"]),
+    Route("/photos/{photo_id:uuid}/erase", actions.erase_photo, methods=["POST"]),
     Route("/dead-letters", pages.dead_letter_list),
     Route("/api/dead-letters", pages.api_dead_letters),
     Route("/dead-letters/replay", actions.replay, methods=["POST"]),

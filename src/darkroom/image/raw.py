@@ -1,0 +1,260 @@
+"""Camera RAW originals (DNG, CR2, NEF, ARW, ORF, RW2, RAF; CR3 recognised only): which
+kind a file is from its bytes, and the largest embedded JPEG preview, handed back as a
+plain JPEG carrying the RAW's orientation so the JPEG path renders it upright.
+
+Pure: bytes in, bytes out. No RAW decoder runs here (none is installed): a preview that
+covers the largest rendition is used as it is; a smaller one still is when it is at least
+USABLE_EDGE long (the renditions then stop at its size, as for any small photo); a file
+with no preview that long is `unsupported_format`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+import msgspec
+
+from darkroom.errors import CorruptImageError, ImageTooLargeError, UnsupportedFormatError
+
+_TIFF_MAGIC = {b"II*\0": "<", b"MM\0*": ">"}
+_VARIANT_MAGIC = {b"IIRO": "orf", b"IIRS": "orf", b"MMOR": "orf", b"IIU\0": "rw2"}
+_RAF_MAGIC = b"FUJIFILMCCD-RAW"
+_MAKERS = {
+    "canon": "cr2",
+    "nikon": "nef",
+    "sony": "arw",
+    "olympus": "orf",
+    "om digital": "orf",
+    "panasonic": "rw2",
+}
+KINDS = ("dng", "cr2", "nef", "arw", "orf", "rw2", "raf", "cr3")
+MAX_IFDS = 64  # far above any camera's (a NEF has ~6): a loop or a forged chain ends here
+MAX_ENTRIES = 1024
+# A preview this long is a photo worth showing (the default `medium` rendition's size): real
+# ARW and RAF previews are about 1,600-1,920 px, short of a 2,048 px rendition, and refusing
+# them would refuse most of those cameras' files outright for want of a decoder.
+USABLE_EDGE = 1024
+EXIF_PREFIX_BYTES = 4 * 1024 * 1024  # IFD0 and the EXIF IFD sit at the start of a RAW
+
+# TIFF tags
+_WIDTH, _HEIGHT, _ORIENTATION, _MAKE = 0x0100, 0x0101, 0x0112, 0x010F
+_STRIP_OFFSETS, _STRIP_BYTES, _SUB_IFDS = 0x0111, 0x0117, 0x014A
+_JPEG_OFFSET, _JPEG_BYTES, _DNG_VERSION, _RW2_JPEG = 0x0201, 0x0202, 0xC612, 0x002E
+_TYPE_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 13: 4}
+_SOF_BASELINE = (0xC0, 0xC1, 0xC2)  # lossless SOF3 (a CR2's or DNG's raw data) is no preview
+
+
+class Preview(msgspec.Struct, frozen=True):
+    """The JPEG to render (orientation set to the RAW's) and the RAW's EXIF for its facts."""
+
+    jpeg: bytes
+    width: int
+    height: int
+    exif: bytes | None
+
+
+def kind(data: bytes) -> str | None:
+    """The RAW kind from magic bytes and IFD0 tags; None for what is no RAW (plain TIFF too)."""
+    if data[:15] == _RAF_MAGIC:
+        return "raf"
+    if data[:4] in _VARIANT_MAGIC:
+        return _VARIANT_MAGIC[data[:4]]
+    if data[:4] not in _TIFF_MAGIC:
+        return None
+    if data[8:10] == b"CR":
+        return "cr2"
+    try:
+        tags = _Tiff(data).ifd(_Tiff(data).first())
+    except CorruptImageError:
+        return None
+    if _DNG_VERSION in tags:
+        return "dng"
+    make = _Tiff(data).text(tags.get(_MAKE)).lower()
+    return next((k for maker, k in _MAKERS.items() if make.startswith(maker)), None)
+
+
+def is_cr3(brands: set[bytes]) -> bool:
+    return b"crx " in brands
+
+
+def preview(data: bytes, fmt: str, needed_edge: int, max_pixels: int) -> Preview:
+    """The largest embedded JPEG preview, after the pixel budget over every image the file
+    declares; `unsupported_format` when none is USABLE_EDGE long (or covers `needed_edge`,
+    or the sensor, when those are shorter)."""
+    if fmt == "cr3":
+        raise UnsupportedFormatError("CR3: embedded previews are not read and no RAW decoder")
+    if fmt == "raf":
+        return _raf(data, needed_edge, max_pixels)
+    tiff = _Tiff(data)
+    images, previews, orientation = tiff.walk()
+    for width, height in images:
+        _check_pixels(width, height, max_pixels)
+    sensor_edge = max((max(w, h) for w, h in images), default=0)
+    edge = min(needed_edge, sensor_edge or needed_edge, USABLE_EDGE)
+    jpeg, width, height = _covering(_largest(data, previews, max_pixels), edge)
+    magic = b"II*\0" if data[:2] == b"II" else b"MM\0*"  # ORF's and RW2's own magic to TIFF's
+    exif = magic + data[4:EXIF_PREFIX_BYTES]
+    return Preview(_oriented(jpeg, orientation), width, height, exif)
+
+
+def _raf(data: bytes, needed_edge: int, max_pixels: int) -> Preview:
+    """RAF: a fixed header whose offset 84 names the JPEG preview (with its own EXIF)."""
+    if len(data) < 92:
+        raise CorruptImageError("RAF header truncated")
+    offset, length = struct.unpack(">II", data[84:92])
+    edge = min(needed_edge, USABLE_EDGE)
+    jpeg, width, height = _covering(_largest(data, [(offset, length)], max_pixels), edge)
+    return Preview(jpeg, width, height, None)
+
+
+def _largest(
+    data: bytes, spans: list[tuple[int, int]], max_pixels: int
+) -> tuple[bytes, int, int] | None:
+    found = []
+    for offset, length in spans:
+        jpeg = data[offset : offset + length] if offset + length <= len(data) else b""
+        size = jpeg_size(jpeg)
+        if size:
+            _check_pixels(*size, max_pixels)
+            found.append((jpeg, *size))
+    return max(found, key=lambda f: f[1] * f[2], default=None)
+
+
+def _covering(best: tuple[bytes, int, int] | None, edge: int) -> tuple[bytes, int, int]:
+    if best is None:
+        raise UnsupportedFormatError("RAW without a JPEG preview, and no RAW decoder")
+    if max(best[1], best[2]) < edge:
+        raise UnsupportedFormatError(
+            f"RAW preview {best[1]}x{best[2]} is smaller than the {edge} px needed,"
+            " and no RAW decoder"
+        )
+    return best
+
+
+def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise ImageTooLargeError(
+            f"{width}x{height} is {width * height} pixels, over the budget of {max_pixels}"
+        )
+
+
+def jpeg_size(jpeg: bytes) -> tuple[int, int] | None:
+    """Width and height from a baseline/progressive JPEG's SOF; None for anything else."""
+    if jpeg[:2] != b"\xff\xd8":
+        return None
+    pos = 2
+    while pos + 9 <= len(jpeg) and jpeg[pos] == 0xFF:
+        marker, length = jpeg[pos + 1], int.from_bytes(jpeg[pos + 2 : pos + 4], "big")
+        if marker in _SOF_BASELINE:
+            height, width = struct.unpack(">HH", jpeg[pos + 5 : pos + 9])
+            return (width, height) if width and height else None
+        if 0xC3 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return None  # lossless or arithmetic: not a preview libjpeg reads
+        pos += 2 + length
+    return None
+
+
+def _oriented(jpeg: bytes, orientation: int) -> bytes:
+    """The preview without its own APP1 (a preview is stored as the sensor saw it) and with
+    one whose only tag is the RAW's orientation."""
+    pos, kept = 2, b""
+    while pos + 4 <= len(jpeg) and jpeg[pos] == 0xFF and 0xE0 <= jpeg[pos + 1] <= 0xEF:
+        length = int.from_bytes(jpeg[pos + 2 : pos + 4], "big")
+        if jpeg[pos + 1] != 0xE1:
+            kept += jpeg[pos : pos + 2 + length]
+        pos += 2 + length
+    ifd = struct.pack("<HHHIHH", 1, _ORIENTATION, 3, 1, orientation, 0) + b"\0\0\0\0"
+    block = b"Exif\0\0II*\0" + struct.pack("<I", 8) + ifd
+    app1 = b"\xff\xe1" + struct.pack(">H", len(block) + 2) + block
+    return b"\xff\xd8" + kept + app1 + jpeg[pos:]
+
+
+class _Tiff:
+    """A bounded reader of a TIFF structure's IFDs: entries, values and the IFD tree."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.order = "<" if data[:2] == b"II" else ">"
+
+    def first(self) -> int:
+        return self._unpack("I", 4)[0]
+
+    def walk(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]], int]:
+        """Every image's declared size, every JPEG span, and IFD0's orientation."""
+        images: list[tuple[int, int]] = []
+        spans: list[tuple[int, int]] = []
+        orientation = 1
+        for index, offset in enumerate(self._ifds()):
+            tags = self.ifd(offset)
+            if index == 0:
+                orientation = (self.values(tags.get(_ORIENTATION)) or [1])[0]
+            size = self.values(tags.get(_WIDTH))[:1] + self.values(tags.get(_HEIGHT))[:1]
+            if len(size) == 2:
+                images.append((size[0], size[1]))
+            spans += self._spans(tags)
+        return images, spans, orientation if 1 <= orientation <= 8 else 1
+
+    def _spans(self, tags: dict[int, tuple[int, int, bytes]]) -> Iterator[tuple[int, int]]:
+        for start, size in ((_JPEG_OFFSET, _JPEG_BYTES), (_STRIP_OFFSETS, _STRIP_BYTES)):
+            offsets, sizes = self.values(tags.get(start)), self.values(tags.get(size))
+            if len(offsets) == 1 and len(sizes) == 1:  # a preview is one strip
+                yield offsets[0], sizes[0]
+        kind_, count, pointer = tags.get(_RW2_JPEG, (0, 0, b""))
+        if kind_ == 7 and count > 4:  # RW2's JpgFromRaw: the JPEG is the tag's value
+            yield struct.unpack(self.order + "I", pointer)[0], count
+
+    def _ifds(self) -> Iterator[int]:
+        pending, seen = [self.first()], set[int]()
+        while pending and len(seen) < MAX_IFDS:
+            offset = pending.pop(0)
+            if offset in seen or offset == 0:
+                continue
+            seen.add(offset)
+            yield offset
+            pending += self.values(self.ifd(offset).get(_SUB_IFDS))[:MAX_IFDS]
+            pending.append(self._next(offset))
+
+    def ifd(self, offset: int) -> dict[int, tuple[int, int, bytes]]:
+        """Tag → (type, count, the 4 value-or-offset bytes)."""
+        (count,) = self._unpack("H", offset)
+        if count > MAX_ENTRIES:
+            raise CorruptImageError(f"TIFF IFD with {count} entries")
+        entries = {}
+        for i in range(count):
+            tag, kind_, n = self._unpack("HHI", offset + 2 + 12 * i)
+            value = self.data[offset + 10 + 12 * i : offset + 14 + 12 * i]
+            if len(value) < 4:
+                raise CorruptImageError("TIFF IFD cut short by the end of the file")
+            entries[tag] = (kind_, n, value)
+        return entries
+
+    def _next(self, offset: int) -> int:
+        (count,) = self._unpack("H", offset)
+        return self._unpack("I", offset + 2 + 12 * count)[0]
+
+    def values(self, entry: tuple[int, int, bytes] | None) -> list[int]:
+        """An entry's SHORT/LONG values (at most MAX_IFDS of them); [] for any other type."""
+        if entry is None or entry[0] not in (3, 4, 13):
+            return []
+        code = "H" if entry[0] == 3 else "I"
+        count = min(entry[1], MAX_IFDS)
+        raw = entry[2] if entry[1] * _TYPE_SIZES[entry[0]] <= 4 else self._at(entry[2])
+        return list(self._unpack(code * count, 0, raw[: count * struct.calcsize(code)]))
+
+    def text(self, entry: tuple[int, int, bytes] | None) -> str:
+        if entry is None or entry[0] != 2:
+            return ""
+        raw = entry[2] if entry[1] <= 4 else self._at(entry[2])
+        return raw[: min(entry[1], 256)].split(b"\0")[0].decode("latin-1").strip()
+
+    def _at(self, pointer: bytes) -> bytes:
+        (offset,) = struct.unpack(self.order + "I", pointer)
+        return self.data[offset : offset + 4096]
+
+    def _unpack(self, codes: str, offset: int, data: bytes | None = None) -> tuple[int, ...]:
+        source = self.data if data is None else data
+        try:
+            return struct.unpack_from(self.order + codes, source, offset)
+        except struct.error:
+            raise CorruptImageError("TIFF structure points past the end of the file") from None
