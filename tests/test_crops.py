@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import pyvips
 
-from darkroom.image import pipeline
+from darkroom.errors import CorruptImageError
+from darkroom.image import isobmff, pipeline
 from darkroom.settings import DEFAULT_RENDITIONS, parse_renditions
 from tests.conftest import PHOTOS, Env
 from tests.hdrcraft import correlation, map_of, ultra_hdr
@@ -156,3 +157,23 @@ def test_cropped_jpeg_box_carries_its_gain_map_cropped_alike() -> None:
     assert (region.width, region.height) == (50, 50)
     assert correlation(whole.crop(12, 0, 50, 50), region) > 0.9
     assert correlation(whole.crop(0, 0, 50, 50), region) < 0.7
+
+
+class _Props:
+    """A container whose primary item carries the given properties."""
+
+    def __init__(self, *props: tuple[bytes, bytes]) -> None:
+        self.props_ = [(kind, payload, False) for kind, payload in props]
+
+    def props(self, item: int) -> list[tuple[bytes, bytes, bool]]:
+        return self.props_
+
+
+@pytest.mark.parametrize(
+    "props", [(b"clap", bytes(10)), (b"irot", b""), (b"imir", b"")], ids=["clap", "irot", "imir"]
+)
+def test_a_truncated_transform_property_is_a_corrupt_image(props: tuple[bytes, bytes]) -> None:
+    """A clap shorter than its 32 bytes, or an empty irot or imir, is `corrupt_image`, not
+    an exception that would kill the render process (and read as a crash, retried)."""
+    with pytest.raises(CorruptImageError, match="truncated"):
+        isobmff.transform_steps(_Props(props), 1, 64, 48)  # type: ignore[arg-type]

@@ -66,7 +66,7 @@ def test_erase_deletes_every_object_nulls_the_facts_and_records_it(env: Env) -> 
     """A processed photo, erased with --original: no object of it is left (renditions of
     every generation and the original), its identifying facts are nulled, it is `erased`
     and unpublished, one `darkroom.photo.erased` event records it, and the audit trail its
-    start (in the erase's commit) and its end."""
+    start (in the erase's commit) and its end; the photo's earlier events lose the facts."""
     [photo_id] = env.ingest([PHOTO])
     env.cli("run", "--drain", **KEEP_GPS)
     env.cli("enqueue", "--rerender", str(photo_id))  # a second generation of renditions
@@ -84,6 +84,12 @@ def test_erase_deletes_every_object_nulls_the_facts_and_records_it(env: Env) -> 
     [event] = env.query("SELECT data FROM photo_events WHERE photo_id = $1 AND type = $2",
                         photo_id, "darkroom.photo.erased")  # fmt: skip
     assert "latitude" not in json.loads(event["data"])["facts"]
+    earlier = env.query("SELECT data FROM photo_events WHERE photo_id = $1 AND type <> $2",
+                        photo_id, "darkroom.photo.erased")  # fmt: skip
+    assert len(earlier) == 2, "the two publishes' events are kept"
+    assert all({"facts", "thumbhash"}.isdisjoint(json.loads(e["data"])) for e in earlier), (
+        "the earlier events lost the facts too: `darkroom events` replays no location"
+    )
     ended, started = json.loads(env.cli("audit", "--action", "erase", "--json").stdout)
     assert (started["outcome"], ended["outcome"]) == ("started", "done")
     assert (ended["count"], ended["reason"]) == (1, "subject access request 17")

@@ -118,3 +118,13 @@ async def test_a_render_process_returns_the_quality_it_chose() -> None:
         (r.quality, r.score, r.sha256) for r in local
     ]
     assert pooled[0].score is not None and pooled[1].score is None
+
+
+@pytest.mark.parametrize("size", [(2, 1000), (6, 6)], ids=["strip", "icon"])
+def test_an_image_too_small_to_score_gets_the_fixed_quality(size: tuple[int, int]) -> None:
+    """A 2×1000 strip or a 6×6 icon with q=auto is encoded at the format's quality with no
+    score: neither an empty sample tile (a valid photo failed as corrupt) nor a NaN score."""
+    [spec] = parse_renditions("t:2048:webp:q=auto")
+    image = pyvips.Image.black(*size, bands=3).copy(interpretation="srgb")
+    data, chosen, score = quality.encoded(image, spec, lambda i, s: i.webpsave_buffer(Q=s.quality))
+    assert data and (chosen, score) == (spec.quality, None)

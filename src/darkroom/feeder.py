@@ -186,7 +186,10 @@ class Feeder:
         until = min(next_catch_up, self._due_at or next_catch_up)
         if len(self.scheduler):
             until = min(until, self.clock.now() + (0 if self._bulk_due else BULK_POLL_S))
-        if (held_until := self.throttle.next_due()) is not None:
+        # A held tenant's release is due only where the lane is fed: while the bulk lane is
+        # paused no release runs, and a past `held_until` would turn this rest into a spin.
+        held_until = None if self.paused.lane("bulk") else self.throttle.next_due()
+        if held_until is not None:
             until = min(until, held_until)
         self._woken = anyio.Event()
         if self.stopping.is_set():

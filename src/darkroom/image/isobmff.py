@@ -336,6 +336,11 @@ def largest_image(c: Container) -> tuple[int, int]:
     return max(sizes, key=lambda s: s[0] * s[1], default=(0, 0))
 
 
+# The payload each transformative property needs: a short one is a damaged file, refused
+# as one (not an IndexError in the render process, which would read as a crash).
+PROPERTY_BYTES = {b"clap": 32, b"irot": 1, b"imir": 1}
+
+
 class Step(NamedTuple):
     """One transformative operation on the decoded pixels, in the order of association:
     `crop` (left, top, width, height), `rotate` (anti-clockwise quarter turns) or `mirror`
@@ -349,6 +354,8 @@ def transform_steps(c: Container, item: int, width: int, height: int) -> list[St
     """The item's clap/irot/imir as steps on a width×height decode, sizes carried along."""
     steps = []
     for kind, payload, _ in c.props(item):
+        if len(payload) < PROPERTY_BYTES.get(kind, 0):
+            raise CorruptImageError(f"HEIF {kind.decode()} of {len(payload)} bytes is truncated")
         if kind == b"clap":
             rect = clean_aperture(payload, width, height)
             steps.append(Step("crop", rect))

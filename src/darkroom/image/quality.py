@@ -23,6 +23,9 @@ STEPS = 3  # encodes of the sample: a 40-wide range to within 5 quality steps
 TILE = 128  # the sample: a 3x3 grid of tiles this wide (384 px: 7 % of a 2048 px rendition)
 GRID = 3
 WINDOW = 8  # SSIM's box window, pixels
+# A side shorter than this has no window at half scale to score: such a rendition (an icon,
+# never enlarged) is encoded at the format's fixed quality, with no score.
+MIN_SCORED = 4 * WINDOW
 # score ≈ A + B * log10(loss), least squares against SSIMULACRA2 over the team's camera
 # photos at 1024 px, q 40..90 (bench/quality.py --calibrate; rms error 3.0 webp, 3.9 jpeg).
 # AVIF was not measured: it borrows the fit of both formats together.
@@ -61,8 +64,9 @@ def choose(image: pyvips.Image, fmt: str, target: float, encode: Encode) -> Choi
 
 
 def sampled(image: pyvips.Image) -> pyvips.Image:
-    """The image itself when small, else GRIDxGRID tiles spread evenly across it, joined."""
-    if image.width <= TILE * GRID and image.height <= TILE * GRID:
+    """The image itself when a side is short (a tile of a 2×1000 strip would be empty),
+    else GRIDxGRID tiles spread evenly across it, joined."""
+    if image.width <= TILE * GRID or image.height <= TILE * GRID:
         return image
     tile_w, tile_h = min(TILE, image.width // GRID), min(TILE, image.height // GRID)
     xs = [round(i * (image.width - tile_w) / (GRID - 1)) for i in range(GRID)]
@@ -127,8 +131,9 @@ def encoded(
     image: pyvips.Image, spec: RenditionSpec, save: Save
 ) -> tuple[bytes, int, float | None]:
     """The rendition's bytes, the quality they were encoded at and, for a spec with a
-    target, the calibrated score its sample reached (None at a fixed quality)."""
-    if spec.target is None:
+    target, the calibrated score its sample reached (None at a fixed quality, and for an
+    image too small to score)."""
+    if spec.target is None or min(image.width, image.height) < MIN_SCORED:
         return save(image, spec), spec.quality, None
     choice = choose(image, spec.format, spec.target, lambda i, q: save(i, _at(spec, q)))
     return save(image, _at(spec, choice.quality)), choice.quality, choice.score

@@ -35,6 +35,10 @@ MAX_ENTRIES = 1024
 # ARW and RAF previews are about 1,600-1,920 px, short of a 2,048 px rendition, and refusing
 # them would refuse most of those cameras' files outright for want of a decoder.
 USABLE_EDGE = 1024
+# The sensor's declared size is not decoded (only a preview is, under DARKROOM_MAX_PIXELS):
+# it is checked against this many times the budget, so a 102 MP camera's files render from
+# their preview while a header claiming 10 gigapixels is still refused as a forgery.
+DECLARED_FACTOR = 4
 EXIF_PREFIX_BYTES = 4 * 1024 * 1024  # IFD0 and the EXIF IFD sit at the start of a RAW
 
 # TIFF tags
@@ -88,8 +92,8 @@ def preview(data: bytes, fmt: str, needed_edge: int, max_pixels: int) -> Preview
         return _raf(data, needed_edge, max_pixels)
     tiff = _Tiff(data)
     images, previews, orientation = tiff.walk()
-    for width, height in images:
-        _check_pixels(width, height, max_pixels)
+    for width, height in images:  # never decoded here: only a forged size is refused
+        _check_pixels(width, height, max_pixels * DECLARED_FACTOR)
     sensor_edge = max((max(w, h) for w, h in images), default=0)
     edge = min(needed_edge, sensor_edge or needed_edge, USABLE_EDGE)
     jpeg, width, height = _covering(_largest(data, previews, max_pixels), edge)

@@ -114,7 +114,10 @@ async def migrate(url: str) -> bool:
 # it and touches nothing else: ALTER TABLE and CREATE INDEX take their locks on `photos`
 # before finding there is nothing to do, so running them on every deploy would queue every
 # claim and publish behind any open transaction. An upgrade waits at most LOCK_TIMEOUT for
-# its locks, then fails with a clear error rather than stalling the workers.
+# its locks, then fails with a clear error rather than queue behind a long transaction.
+# Once granted, an upgrade that adds an index on `photos` holds writes while it builds, for
+# a time that grows with the table: deploy such a release in a quiet window, or build the
+# new index first with CREATE INDEX CONCURRENTLY (the migrate then finds it there).
 MIGRATE_LOCK_TIMEOUT = "10s"
 
 

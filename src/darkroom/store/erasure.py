@@ -20,7 +20,9 @@ from darkroom.store.db import Pool, translated
 # (PUBLISH_SQL answers `erased`), and its entry's next claim is `skipped` (CLAIM_SQL).
 # Nulled: what identifies a person or a place (capture time, GPS, camera and lens, the
 # original's hash, which matches a copy of it, and the placeholder and colour drawn from
-# its pixels); kept: the technical shape (size, format, frames, alpha, HDR kind).
+# its pixels); kept: the technical shape (size, format, frames, alpha, HDR kind). The same
+# facts leave the photo's earlier events (`photo_events`: the outbox, which the relay may
+# not have sent yet, and what `darkroom events` replays for DARKROOM_EVENTS_KEEP_DAYS).
 # An erased photo is not erased again (`was` tells the caller); its row is still returned,
 # so a re-run deletes whatever objects a failed first run left.
 ERASE_SQL = """
@@ -42,6 +44,9 @@ WITH p AS (
         rerender_requested_at = NULL, updated_at = now(), last_activity_at = now()
     FROM p WHERE photos.id = p.id AND p.was <> 'erased'
     RETURNING photos AS changed
+), scrubbed AS (
+    UPDATE photo_events e SET data = e.data - 'facts' - 'thumbhash' - 'dominant_color'
+    FROM p WHERE e.photo_id = p.id AND p.was <> 'erased'
 ), event AS (
     INSERT INTO photo_events (photo_id, type, data)
     SELECT (changed).id, 'darkroom.photo.erased', darkroom_event_data(changed, NULL, NULL)

@@ -234,12 +234,15 @@ STARTED_SQL = """
 SELECT action_id, action, selection, reason FROM operator_actions
 WHERE action_id = $1 AND outcome = 'started' ORDER BY id LIMIT 1
 """
-# The newest action of this verb and selection that has not ended: a rerun with the same
-# flags continues it. Operator actions are few (one row per command run), so this reads
-# the trail's rows of the verb, never photos.
+# The newest action of this verb and selection that has not ended, started within a day: a
+# rerun with the same flags continues it. An older one is an incident long past; continuing
+# its frozen list would skip what failed since (the count shown is the live one), so a rerun
+# then starts afresh and only `--resume ACTION_ID` continues it. Operator actions are few
+# (one row per command run), so this reads the trail's rows of the verb, never photos.
 UNFINISHED_SQL = """
 SELECT s.action_id FROM operator_actions s
 WHERE s.action = $1 AND s.outcome = 'started' AND s.selection = $2::jsonb
+  AND s.at > now() - interval '1 day'
   AND NOT EXISTS (SELECT 1 FROM operator_actions e
                   WHERE e.action_id = s.action_id AND e.outcome IN ('done', 'failed'))
 ORDER BY s.id DESC LIMIT 1
