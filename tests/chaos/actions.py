@@ -17,15 +17,16 @@ SCOPE_SQL = "SELECT since, until FROM queue_pauses WHERE lane IS NOT DISTINCT FR
 RESUMED_SQL = "SELECT max(at) AS at FROM operator_actions WHERE action = 'resume'"
 # Attempts of the paused scope (the entry's lane or the photo's own) around a pause window.
 WINDOW_SQL = """
-SELECT a.photo_id::text, a.started_at, a.started_at >= $1 + make_interval(secs => $4) AS late
+SELECT a.photo_id::text, a.started_at,
+       a.started_at >= $1::timestamptz + make_interval(secs => $4::float8) AS late
 FROM photo_attempts a LEFT JOIN photos p ON p.id = a.photo_id
 WHERE ($3::text IS NULL OR a.lane = $3 OR p.lane = $3)
-  AND a.started_at >= $1 AND a.started_at < $2
+  AND a.started_at >= $1::timestamptz AND a.started_at < $2::timestamptz
 """
 RUNNING_SQL = """
 SELECT count(*) AS n FROM photo_attempts a LEFT JOIN photos p ON p.id = a.photo_id
 WHERE ($2::text IS NULL OR a.lane = $2 OR p.lane = $2)
-  AND a.started_at < $1 AND a.ended_at > $1
+  AND a.started_at < $1::timestamptz AND a.ended_at > $1::timestamptz
 """
 IN_FLIGHT_SQL = "SELECT id::text FROM photos WHERE processing_state = 'processing'"
 # Deliveries that did not end cleanly: a killed one stays `running`; one whose refused publish
@@ -35,6 +36,10 @@ SELECT DISTINCT photo_id::text FROM photo_attempts WHERE photo_id = ANY($1::uuid
   AND outcome NOT IN ('published', 'skipped', 'already', 'busy', 'lease_lost')
 """
 ERASED = "darkroom.photo.erased"
+# In commit order (`id`, which the photo's row lock orders per photo).
+EVENTS_SQL = """
+SELECT photo_id::text, type FROM photo_events WHERE photo_id = ANY($1::uuid[]) ORDER BY id
+"""
 
 
 class Actions:
@@ -91,15 +96,13 @@ class Actions:
             })  # fmt: skip
         return figures, late
 
-    def erase_checks(
-        self, rows: dict[str, Any], outbox: list[dict[str, Any]]
-    ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    def erase_checks(self, rows: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
         """Each erased photo is `erased`, has one erase event and none after it, and leaves
         no object once quiesced but for a delivery that did not end cleanly, and none at all
         once `darkroom gc` has collected what those left."""
         rig, originals = self.rig, {i: rows.get(i, {}).get("original_key") for i in self.erased}
         types: dict[str, list[str]] = {i: [] for i in self.erased}
-        for event in outbox:
+        for event in rig.query(EVENTS_SQL, self.erased):
             types.get(event["photo_id"], []).append(event["type"])
         before = {i: rig.objects_of(i, originals[i]) for i in self.erased}
         unclean = {r["photo_id"] for r in rig.query(UNCLEAN_SQL, self.erased)}

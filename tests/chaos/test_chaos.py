@@ -341,7 +341,7 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
     keys = [r["key"] for x in processed for r in json.loads(x["renditions"] or "[]")]
     missing = missing_objects(rig, keys)  # before the erase checks' gc runs
     pauses, started_in_pause = chaos.actions.pause_figures()
-    erased, erase_checks = chaos.actions.erase_checks(rows, outbox)
+    erased, erase_checks = chaos.actions.erase_checks(rows)
     figures = {
         "photos": len(expected), "undecodable": sum(e != "processed" for e in expected.values()),
         "photos_by_lane": dict(Counter(x["lane"] for x in rows.values())),
