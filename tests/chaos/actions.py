@@ -28,6 +28,13 @@ SELECT count(*) AS n FROM photo_attempts a LEFT JOIN photos p ON p.id = a.photo_
 WHERE ($2::text IS NULL OR a.lane = $2 OR p.lane = $2)
   AND a.started_at < $1::timestamptz AND a.ended_at > $1::timestamptz
 """
+# The same scope's attempts started in as long a window right after it: what a pause holds.
+AFTER_SQL = """
+SELECT count(*) AS n FROM photo_attempts a LEFT JOIN photos p ON p.id = a.photo_id
+WHERE ($3::text IS NULL OR a.lane = $3 OR p.lane = $3)
+  AND a.started_at >= $2::timestamptz
+  AND a.started_at < $2::timestamptz + ($2::timestamptz - $1::timestamptz)
+"""
 IN_FLIGHT_SQL = "SELECT id::text FROM photos WHERE processing_state = 'processing'"
 # Deliveries that did not end cleanly: a killed one stays `running`; one whose refused publish
 # lost its reply may end otherwise. Only these may leave uploads for `darkroom gc`.
@@ -80,19 +87,21 @@ class Actions:
 
     def pause_figures(self) -> tuple[list[dict[str, Any]], list[str]]:
         """Per pause: its window (PostgreSQL's clock), the attempts of its scope started in
-        it (at its commit, within PAUSE_GRACE_S, and after) and those running across its
-        start; and the photos that started after its grace, which no pause allows."""
+        it (at its commit, within PAUSE_GRACE_S, and after), those running across its start
+        and those started in as long a window after it; and the photos that started after
+        its grace, which no pause allows."""
         figures, late = [], []
         for p in self.pauses:
             rows = self.rig.query(WINDOW_SQL, p["since"], p["until"], p["lane"], PAUSE_GRACE_S)
             running = self.rig.query(RUNNING_SQL, p["since"], p["lane"])[0]["n"]
+            after = self.rig.query(AFTER_SQL, p["since"], p["until"], p["lane"])[0]["n"]
             late += [f"{r['photo_id']} started {r['started_at']}" for r in rows if r["late"]]
             figures.append({
                 "scope": p["lane"] or "everything", "since": p["since"], "until": p["until"],
                 "window_s": round((p["until"] - p["since"]).total_seconds(), 2),
                 "started_at_its_commit": sum(not r["late"] for r in rows),
                 "started_after": sum(r["late"] for r in rows),
-                "running_across_its_start": running,
+                "running_across_its_start": running, "started_in_as_long_after": after,
             })  # fmt: skip
         return figures, late
 
