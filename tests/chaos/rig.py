@@ -485,10 +485,44 @@ class Rig:
         return int(self.query(sql)[0]["n"])
 
     def unfinished(self) -> int:
-        """Photos neither processed+published nor processing_failed."""
+        """Photos neither processed+published, processing_failed nor erased."""
         return int(self.query("SELECT count(*) AS n FROM photos WHERE NOT ((processing_state ="
                               " 'processed' AND visibility = 'published')"
-                              " OR processing_state = 'processing_failed')")[0]["n"])  # fmt: skip
+                              " OR processing_state IN ('processing_failed', 'erased'))"
+                              )[0]["n"])  # fmt: skip
+
+    def objects_of(self, photo_id: str, original_key: str | None) -> list[str]:
+        """The objects left in S3 of an erased photo: under its renditions folder, and its
+        original (erased with --original)."""
+        listed = self.s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{PREFIX}renditions/{photo_id}/")
+        left = [obj["Key"] for obj in listed.get("Contents", [])]
+        with contextlib.suppress(Exception):  # absent: head_object raises
+            if original_key and self.s3.head_object(Bucket=BUCKET, Key=PREFIX + original_key):
+                left.append(PREFIX + original_key)
+        return left
+
+    def gc_ahead(self) -> dict[str, int]:
+        """`darkroom gc --older-than 300` as run an hour from now (its default grace): what
+        it would collect once every upload of the run is past its grace. The gc code runs
+        in a subprocess, with the rig's settings (direct), on a clock set ahead."""
+        script = (
+            "import asyncio, json, sys, time\n"
+            "from darkroom.config.env import from_env\n"
+            "from darkroom.operate import gc\n"
+            "from darkroom.services import services, storage_for\n"
+            "async def go():\n"
+            "    settings = from_env()\n"
+            "    async with services(settings, 1) as (pool, _), storage_for(settings) as s:\n"
+            "        return await gc.collect(pool, s, older_than_s=gc.MIN_GRACE_S,\n"
+            "            now_s=time.time() + gc.GRACE_S, dry_run=False, say=lambda _: None)\n"
+            "print(json.dumps(dict(asyncio.run(go()))))\n"
+        )
+        env = self.environ(direct=True)
+        result = subprocess.run([sys.executable, "-c", script], cwd=self.tmp, env=env,
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        if result.returncode != 0:
+            raise AssertionError(f"gc exited {result.returncode}:\n{result.stderr}")
+        return dict(json.loads(result.stdout.strip().splitlines()[-1]))
 
     def backlog(self) -> tuple[int, int]:
         """(length, entries pending in the group) of both lanes' work streams."""

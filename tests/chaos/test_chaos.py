@@ -20,7 +20,9 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
+from darkroom.store.pauses import NO_PHOTO
 from tests.chaos import failover
+from tests.chaos.actions import Actions
 from tests.chaos.rig import BUCKET, DEAD, EVENTS, PREFIX, STREAM, Rig
 from tests.conftest import PHOTOS
 from tests.malformed import SHAPES
@@ -41,9 +43,12 @@ WINDOW_S, DRAIN_DEADLINE_S, STALL_S = 122.0, 600.0, 60.0
 # failovers (failover.FAILOVER_S long: 10, 30, 20, 15 s) follow the Redis restart, each after
 # a chunk is ingested (so it meets a backlog) and ≥ failover.TAIL_S after the previous one;
 # the last one is S3 throttling the rendition uploads (503 SlowDown) while the probe passes.
-SCHEDULE = [(3, "ingest"), (5, "sigstop"), (8, "ingest"), (12, "s3_pause"), (16, "ingest"),
-            (21, "ingest"), (25, "pg_terminate"), (29, "pg_cut"), (33, "redis_restart"),
-            (37, "ingest"), (39, "malformed"), (41, "ingest"), (44, "ingest"),
+# The operator's actions (tests/chaos/actions.py): a 4 s pause of the bulk lane in the S3
+# pause, a pause of everything resumed 4 s later, and an erase of 5 photos, some in flight.
+SCHEDULE = [(3, "ingest"), (5, "sigstop"), (8, "ingest"), (12, "s3_pause"), (13, "pause_lane"),
+            (16, "ingest"), (21, "ingest"), (22, "pause_all"), (25, "pg_terminate"),
+            (29, "pg_cut"), (33, "redis_restart"), (37, "ingest"), (39, "malformed"),
+            (41, "ingest"), (42, "erase"), (44, "ingest"),
             (45, "redis_replica"),
             (60, "ingest"), (61, "pg_read_only"), (96, "ingest"), (97, "s3_denied"),
             (122, "ingest"), (123, "s3_slowdown")]  # fmt: skip
@@ -86,6 +91,7 @@ class Chaos:
         self.no_kills_until = 0.0
         self.malformed: dict[str, str] = {}  # entry id -> shape (tests/test_entries.py)
         self.ingested = 0
+        self.actions = Actions(rig, random.Random(SEED + 1))
 
     def ingest(self, chunk: list[tuple[Path, str]]) -> None:
         """Every other chunk goes through the bulk lane, for one of three tenants: both
@@ -174,6 +180,17 @@ class Chaos:
             self.faults[-1]["lifted"] = time.time()
         elif kind in failover.FAILOVER_S:
             self.fail_over(kind, now)
+        else:
+            self.act(kind, now)
+
+    def act(self, kind: str, now: float) -> None:
+        if kind == "pause_lane":
+            self.actions.pause("bulk", 4.0)
+        elif kind == "pause_all":
+            pause = self.actions.pause(None, None)
+            self.lifts.append((now + 4, lambda: self.actions.resume(pause)))
+        elif kind == "erase":
+            self.actions.erase(self.expected)
 
     def fail_over(self, kind: str, now: float) -> None:
         """Open a failover window; note the extra deliveries (beyond each photo's first,
@@ -259,24 +276,28 @@ OUTCOME_EVENT = {
 
 def event_checks(rows: dict[str, Any], outbox: list[dict[str, Any]], relayed: list[Any],
                  restart: float) -> dict[str, list[Any]]:  # fmt: skip
-    """Every terminal photo has exactly one event of its outcome; every stream entry is a
-    committed event (none before its commit); after the drain none is unpublished, and every
-    one committed after the Redis wipe is on the stream (after dedupe on `id`, once)."""
+    """Every terminal photo (an erased one: actions.py) has exactly one event of its outcome;
+    every stream entry is a committed event (none before its commit); after the drain none
+    is unpublished, and every one committed after the Redis wipe is on the stream (after
+    dedupe on `id`, once)."""
     by_photo: dict[str, list[str]] = {}
     for event in outbox:
         by_photo.setdefault(event["photo_id"], []).append(event["type"])
     committed, on_stream = {e["id"] for e in outbox}, {e["id"] for e in relayed}
-    subjects = Counter(e["subject"] for e in {e["id"]: e for e in relayed}.values())
+    # an erased photo may have two (its outcome's, then the erase's); a pause's is about none
+    subjects = Counter((e["subject"], e["type"]) for e in {e["id"]: e for e in relayed}.values()
+                       if e["subject"] != str(NO_PHOTO))  # fmt: skip
     return {
         "terminal photos without exactly one event of their outcome": [
-            i for i, x in rows.items() if by_photo.get(i, []) != OUTCOME_EVENT.get(x["state"], [])],
+            i for i, x in rows.items() if x["state"] != "erased"
+            and by_photo.get(i, []) != OUTCOME_EVENT.get(x["state"], [])],
         "stream events that were never committed": sorted(on_stream - committed),
         "events never published": [e["id"] for e in outbox if e["published_at"] is None],
         "events committed after the Redis wipe missing from the stream": [
             e["id"] for e in outbox
             if e["created_at"].timestamp() > restart and e["id"] not in on_stream],
-        "photos with two events on the stream after dedupe on id": [
-            i for i, n in subjects.items() if n > 1],
+        "photos with two events of one type on the stream after dedupe on id": [
+            i for (i, _), n in subjects.items() if n > 1],
     }  # fmt: skip
 
 
@@ -302,7 +323,8 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
 
     rows = {r["id"]: r for r in rig.query(
         "SELECT p.id::text, p.processing_state AS state, p.visibility, p.error_code, p.lane,"
-        " p.processed_at, p.renditions, p.updated_at, j.state AS job, j.attempt, j.last_error"
+        " p.processed_at, p.renditions, p.updated_at, p.original_key, j.state AS job,"
+        " j.attempt, j.last_error"
         " FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id")}  # fmt: skip
     with rig.redis() as client:
         every_letter = [fields for _, fields in client.xrange(DEAD)]
@@ -320,8 +342,12 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
     failed = {i: x["error_code"] for i, x in rows.items() if x["state"] == "processing_failed"}
     faults = Counter(f["kind"] for f in chaos.faults)
     keys = [r["key"] for x in processed for r in json.loads(x["renditions"] or "[]")]
+    missing = missing_objects(rig, keys)  # before the erase checks' gc runs
+    pauses, started_in_pause = chaos.actions.pause_figures()
+    erased, erase_checks = chaos.actions.erase_checks(rows)
     figures = {
-        "photos": len(expected), "undecodable": sum(e != "processed" for e in expected.values()),
+        "photos": len(expected),
+        "undecodable": sum(e not in ("processed", "erased") for e in expected.values()),
         "photos_by_lane": dict(Counter(x["lane"] for x in rows.values())),
         "states": dict(Counter(f"{x['state']}/{x['visibility']}" for x in rows.values())),
         "faults": dict(faults), "kills_spared": chaos.spared,
@@ -348,6 +374,7 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
         "failovers": failover_figures(chaos.faults, records),
         "events": {"in_postgresql": len(outbox), "stream_entries": len(relayed),
                    "sent_again": len(relayed) - len({e["id"] for e in relayed})},
+        "pauses": pauses, "erased": erased,
         "chaos_window_s": round(window_s, 1), "wall_s": round(time.monotonic() - started, 1),
         "logs": str(rig.logs),
     }  # fmt: skip
@@ -376,8 +403,10 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
     checks = event_checks(rows, outbox, relayed, restart) | {
         "rig: fault kinds never injected": sorted(FAULT_KINDS - set(faults)),
         "photos lost (not terminal)": [i for i in expected if (rows.get(i, {}).get("state"),
-                                       rows.get(i, {}).get("visibility")) not in ok],
-        "renditions of processed photos missing in S3": missing_objects(rig, keys),
+                                       rows.get(i, {}).get("visibility")) not in ok
+                                       and expected[i] != "erased"],
+        "renditions of processed photos missing in S3": missing,
+        "photos of a paused scope started in its window (after its commit)": started_in_pause,
         "dead letters not matching a failed photo and its code": [
             x for x in letters if failed.get(x.get("photo_id")) != x.get("error_code")],
         "photos dead-lettered more than once": [i for i, n in lettered.items() if n > 1],
@@ -388,7 +417,7 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
         "photos failed other than expected (a valid photo failed, or a wrong code)": [
             i for i, code in failed.items() if expected.get(i) != code],
         "undecodable photos that did not fail": [
-            i for i, e in expected.items() if e != "processed" and i not in failed],
+            i for i, e in expected.items() if e not in ("processed", "erased") and i not in failed],
         "work stream (length, pending) after the drain": [] if backlog == (0, 0) else [backlog],
         "processed_at changed after the chaos window": [
             i for i, at in snapshot.items() if final.get(i) != at],
@@ -407,7 +436,7 @@ def test_no_photo_lost_or_looped_under_chaos(rig: Rig, tmp_path: Path) -> None:
             shape for entry, shape in chaos.malformed.items()
             if bad[(entry, "bad_message", str(len(SHAPES[shape]) // 2))] != 1
             or sum(n for (e, _, _), n in bad.items() if e == entry) != 1],
-    }  # fmt: skip
+    } | erase_checks  # fmt: skip
     problems = [f"{what}: {len(found)}, e.g. " + "; ".join(map(show, found[:5]))
                 for what, found in checks.items() if found]  # fmt: skip
     assert not problems, "\n".join(problems) + "\nfigures: " + json.dumps(figures, default=str)
