@@ -434,8 +434,11 @@ CREATE UNIQUE INDEX IF NOT EXISTS queue_pauses_scope_idx
 -- The autoscaler's per-lane count of unfinished photos no pause holds (deploy/kubernetes/
 -- scaledobject.yaml): one lane's rows only, each tenant's together, so a poll reads at most
 -- its LIMIT of the lane's rows plus those of the tenants paused.
+-- Its predicate names the lanes too, so only a query that names a lane can use it: the
+-- operator's state-filtered pages (by updated_at) are not tempted into a bitmap over every
+-- unfinished row and a sort.
 CREATE INDEX IF NOT EXISTS photos_unfinished_lane_idx ON photos (lane, tenant)
-    WHERE processing_state IN ('uploaded', 'processing');
+    WHERE processing_state IN ('uploaded', 'processing') AND lane IN ('interactive', 'bulk');
 -- A database made before the queue events (or erasure): its check admits them from now on
 -- (NOT VALID: the rows already there are the photo types, no scan needed).
 ALTER TABLE photo_events DROP CONSTRAINT IF EXISTS photo_events_type_check;
