@@ -247,9 +247,10 @@ class Jobs:
                 (claim.token, entry.id), self.recorder.publishing(entry),
             )  # fmt: skip
         current = [r["key"] for r in renditions]
+        tried = self.in_flight.uploaded(entry.id, current)  # this delivery's tries, all
         if published.status != "published":
             if published.status != "lost":  # lost: a newer lease renders, maybe these keys
-                await self._delete_unreferenced(task.photo_id, current, "refused uploads")
+                await self._delete_unreferenced(task.photo_id, tried, "refused uploads")
             return _refused(entry, claim, published.status)
         self.recorder.published(entry)
         if "tenant" in entry.fields:  # a bulk entry (the feeder's)

@@ -18,6 +18,9 @@ class InFlight(Generic[C]):
         self._entries: dict[str, bool] = {}  # entry id → the heartbeat keeps it young
         self._claims: dict[str, C] = {}  # entry id → what it claimed (only entries held)
         self._lanes: dict[str, str] = {}  # entry id → the lane it came through
+        # entry id → every key its tries uploaded (a try whose publish reply was lost left
+        # its own: a refusal met by a later try must delete those too)
+        self._uploads: dict[str, list[str]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -46,6 +49,14 @@ class InFlight(Generic[C]):
     def claim_of(self, entry_id: str) -> C | None:
         return self._claims.get(entry_id)
 
+    def uploaded(self, entry_id: str, keys: list[str]) -> list[str]:
+        """Adds this try's keys; every key of the entry's tries so far, first upload first."""
+        if entry_id not in self._entries:
+            return keys
+        known = self._uploads.setdefault(entry_id, [])
+        known.extend(k for k in keys if k not in known)
+        return list(known)
+
     def settle(self, entry_id: str) -> None:
         """Its outcome is being recorded: the heartbeat must leave it alone from now on (a
         late heartbeat would cancel a retry's backoff)."""
@@ -56,6 +67,7 @@ class InFlight(Generic[C]):
         self._entries.pop(entry_id, None)
         self._claims.pop(entry_id, None)
         self._lanes.pop(entry_id, None)
+        self._uploads.pop(entry_id, None)
 
     def heartbeat_ids(self, lane: str | None = None) -> list[str]:
         """The young entries (of `lane`, or of every lane)."""
