@@ -101,7 +101,7 @@ chaos: $(STAMP) services
 # Each bench script rewrites only its own section of docs/benchmarks.md: add scripts here.
 BENCH_SCRIPTS := bench/render.py bench/pool.py bench/e2e.py bench/sweep.py bench/pages.py bench/history.py \
                  bench/events.py bench/hdr.py bench/limit.py bench/capacity.py bench/lanes.py \
-                 bench/fairness.py bench/intake.py bench/flat.py bench/limits.py bench/quality.py \
+                 bench/fairness.py bench/intake.py bench/flat.py bench/limits.py bench/bulk.py bench/quality.py \
                  bench/tracing.py
 BENCH_STAMP   := $(VENV)/.bench-installed
 

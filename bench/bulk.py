@@ -46,7 +46,7 @@ from typing import Any
 import asyncpg
 import redis
 from pages import backends, cpu_s
-from report import machine
+from report import machine, write_section
 
 from darkroom.store import db
 
@@ -226,9 +226,13 @@ def report(f: dict[str, Any], args: argparse.Namespace) -> str:
     spent = {k: sum(r[k] for r in runs) for k in ("client_cpu_s", "db_cpu_s")}
     per_1000 = {k: round(v * 1000 / args.selected, 2) for k, v in spent.items()}
     kills = ", ".join(f"{share:.0%}" for share in args.kill_at)
-    lines = [f"Bulk rerender over {args.selected:,} selected of {args.photos:,} photos "
-             f"({machine()}), `--rate {args.rate:g}/s`, SIGKILL at {kills} of the items, "
-             f"each time the same command run again:", "",
+    lines = ["## Bulk actions by query (bench/bulk.py)", "",
+             f"`bench/bulk.py` ({machine()}; a machine shared with other jobs). Design: "
+             "[Operations](operations.md#bulk-actions-by-query).", "",
+             f"`darkroom bulk rerender --tenant acme --rate {args.rate:g}/s` over "
+             f"{args.selected:,} selected of {args.photos:,} photos, SIGKILLed at {kills} of "
+             "the items, each time the same command run again. Targets: the count exact, "
+             "execution at the set rate, no photo acted on twice.", "",
              "| run | photos acted | achieved /s | ÷ set | full 10 s windows /s | wall s | "
              "exit | items at the kill |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -257,7 +261,10 @@ async def main(args: argparse.Namespace) -> None:
         await conn.execute("ANALYZE photos")
         await conn.close()
         figures = await measure(args, admin)
-        print(report(figures, args))
+        body = report(figures, args)
+        print(body)
+        if args.out:
+            write_section(args.out, "bulk", body)
         if not all(verdicts(figures, args).values()):
             raise SystemExit(1)
     finally:

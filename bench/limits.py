@@ -191,15 +191,21 @@ async def per_window(
 
 def report(figures: dict[str, object], args: argparse.Namespace) -> str:
     counts: dict[str, list[int]] = figures["counts"]  # type: ignore[assignment]
-    window_s, weight = args.window, f", weight {args.weight}" if args.weight > 1 else ""
+    window_s, weight = args.window, f", weight {args.weight}:1," if args.weight > 1 else ""
     load = "/".join(f"{x:.1f}" for x in figures["load"])  # type: ignore[attr-defined]
     lines = [
-        f"Per-tenant rate limits ({machine()}; the highest load average during the run "
-        f"{load}): `limited` at {args.rate:g}/s{weight} and `free` without a limit, each with",
-        f"at least {args.photos:,} bulk photos of {figures['pixels']:,} pixels waiting",
-        f"(topped up every {TOP_UP_S:g} s; fewest seen in the windows: {figures['lowest']:,}),",
-        f"{WORKERS} workers at concurrency 2; photos started (claimed) per second in each",
-        f"{window_s:g} s window after a {WARM_UP_S:g} s warm-up; renditions `{args.renditions}`.",
+        "## Per-tenant rate limits (bench/limits.py)",
+        "",
+        f"`bench/limits.py` ({machine()}; the highest load average during the run {load}; a",
+        "machine shared with other jobs). Design: [Fairness](fairness.md#rate-limits).",
+        "",
+        f"`limited` at {args.rate:g}/s (burst {max(1, round(args.rate))}){weight} and `free` "
+        f"without a limit, each with at least {args.photos:,} bulk photos of "
+        f"{figures['pixels']:,} pixels waiting (topped up every {TOP_UP_S:g} s; fewest seen in",
+        f"the windows: {figures['lowest']:,}), {WORKERS} workers at concurrency 2, renditions",
+        f"`{args.renditions}`; photos started (claimed, photo_jobs.started_at) and fed (XADDed)",
+        f"per second in each {window_s:g} s window after a {WARM_UP_S:g} s warm-up. Target:",
+        "`limited` within ±5 % of its rate in every window, `free` taking the rest.",
         "",
         "| window | limited /s | off the limit | limited fed /s | free /s | all /s |",
         "|---|---|---|---|---|---|",
