@@ -287,4 +287,5 @@ if __name__ == "__main__":
         default=[0.3, 0.6],
         help="shares of the items acted on at each SIGKILL (0.3,0.6)",
     )
+    parser.add_argument("--out", type=Path, help="write this section of the report here")
     asyncio.run(main(parser.parse_args()))
