@@ -105,8 +105,7 @@ async def requeue(conn: db.Pool | db.Connection, view: Streams, photo_id: uuid.U
     if view.lane == "bulk":
         await store_lanes.to_feeder(conn, photo_id)
         return
-    await intake.prepare_jobs(conn, [photo_id])
-    traced = await intake.traceparents(conn, [photo_id])
+    traced = await intake.prepare_jobs(conn, [photo_id])
     entry_id = await view.enqueue(task_fields(photo_id, {"traceparent": traced.get(photo_id, "")}))
     await db.record_requeued(conn, photo_id, entry_id)
 
