@@ -5,7 +5,8 @@ gives the real viewer).
     .venv/bin/python bench/trace_view.py --spans trace.json [--png docs/img/trace.png]
 
 `--spans`: a JSON list of spans as tests/otlp.py decodes them (tests/chaos/test_trace_chaos.py
-writes one such file per run, `trace-spans.json`: the photo with the most deliveries).
+writes every span of its run to `trace-spans.json`); `--trace`: the trace to draw, else the
+published photo whose publishing delivery came latest in its count (a redelivery after a kill).
 Writes an HTML page beside the PNG and screenshots it with Debian's Chromium (Playwright).
 """
 
@@ -18,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 CHROMIUM = "/usr/bin/chromium"
-WIDTH_PX, LABEL_PX, ROW_PX = 1100, 330, 22
+WIDTH_PX, LABEL_PX, ROW_PX = 1100, 380, 22
 COLOURS = {"darkroom.ingest": "#6b7fd7", "darkroom.process": "#3b9c6e"}
 SHOWN = ("darkroom.attempt", "darkroom.delivery_count", "darkroom.outcome", "error.type",
-         "darkroom.rendition", "darkroom.lane")  # fmt: skip
+         "darkroom.rendition")  # fmt: skip
 
 
 def ordered(spans: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
@@ -41,6 +42,15 @@ def ordered(spans: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
+def chosen(spans: list[dict[str, Any]]) -> str:
+    """The trace of the published delivery with the highest delivery count."""
+    published = [s for s in spans if s["name"] == "darkroom.process"
+                 and s["attributes"].get("darkroom.outcome") == "published"]  # fmt: skip
+    best = max(published, key=lambda s: (s["attributes"].get("darkroom.delivery_count", 0),
+                                         -s["start_ns"]))  # fmt: skip
+    return str(best["trace_id"])
+
+
 def label(span: dict[str, Any]) -> str:
     shown = [f"{k.split('.', 1)[1]}={span['attributes'][k]}" for k in SHOWN
              if k in span["attributes"]]  # fmt: skip
@@ -48,7 +58,7 @@ def label(span: dict[str, Any]) -> str:
 
 
 def page(spans: list[dict[str, Any]]) -> str:
-    rows = ordered(spans)
+    rows, ids = ordered(spans), {s["span_id"] for s in spans}
     t0 = min(s["start_ns"] for s in spans)
     total = max(s["end_ns"] for s in spans) - t0 or 1
     scale = (WIDTH_PX - LABEL_PX) / total
@@ -57,9 +67,11 @@ def page(spans: list[dict[str, Any]]) -> str:
         left, width = (s["start_ns"] - t0) * scale, max(2.0, (s["end_ns"] - s["start_ns"]) * scale)
         colour = "#d0443e" if s["status"] == 2 else COLOURS.get(s["name"], "#e0a43a")
         ms = (s["end_ns"] - s["start_ns"]) / 1e6
+        orphan = bool(s["parent_id"]) and s["parent_id"] not in ids
+        name = html.escape(label(s) + (" ← its delivery's span never came (SIGKILL)" * orphan))
         bars.append(
             f'<div class="row" style="top:{i * ROW_PX}px">'
-            f'<span class="name" style="padding-left:{depth * 12}px">{html.escape(label(s))}</span>'
+            f'<span class="name" style="padding-left:{depth * 12}px">{name}</span>'
             f'<span class="bar" style="left:{LABEL_PX + left:.1f}px;width:{width:.1f}px;'
             f'background:{colour}"></span>'
             f'<span class="ms" style="left:{LABEL_PX + left + width + 4:.1f}px">{ms:.1f} ms</span>'
@@ -97,8 +109,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=Path, required=True)
     parser.add_argument("--png", type=Path, default=Path("docs/img/trace.png"))
+    parser.add_argument("--trace", help="a trace id (32 hex digits)")
     args = parser.parse_args()
-    spans = json.loads(args.spans.read_text())
+    every = json.loads(args.spans.read_text())
+    trace_id = args.trace or chosen(every)
+    spans = [s for s in every if s["trace_id"] == trace_id]
     args.png.parent.mkdir(parents=True, exist_ok=True)
     page_path = args.png.with_suffix(".html")
     page_path.write_text(page(spans))

@@ -44,6 +44,7 @@ class Receiver:
     paths: list[str] = field(default_factory=list)
     exports: int = 0
     export_bytes: int = 0
+    broken: int = 0  # exports cut mid-request (a SIGKILLed worker's connection reset)
 
     def of_trace(self, trace_id: str) -> list[Span]:
         return [s for s in self.spans if s.trace_id == trace_id]
@@ -98,7 +99,12 @@ def serving(keep: bool = True) -> Iterator[Receiver]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            with lock:
+                got.broken += 1
+
+    server = Server(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     got.endpoint = f"http://127.0.0.1:{server.server_address[1]}"

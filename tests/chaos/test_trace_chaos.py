@@ -20,7 +20,7 @@ import pytest
 
 from tests.chaos.rig import Rig
 from tests.chaos.test_chaos import VALID, settle
-from tests.chaos.traces import PROCESS, Judged, judge
+from tests.chaos.traces import Verdict, judge
 from tests.conftest import PHOTOS
 from tests.otlp import Receiver, serving
 
@@ -33,11 +33,14 @@ SETTINGS = {"DARKROOM_CONCURRENCY": "2", "DARKROOM_CLAIM_IDLE_MS": "3000",
             # exported unless its worker is killed within about that long after
             "OTEL_TRACES_SAMPLER": "always_on", "OTEL_BSP_SCHEDULE_DELAY": "100",
             "OTEL_SERVICE_NAME": "darkroom-chaos"}  # fmt: skip
-N_PHOTOS, CHUNK, UPFRONT = 300, 30, 60
-WINDOW_S = 60.0
+N_PHOTOS, CHUNK, UPFRONT = 210, 30, 60
+WINDOW_S = 45.0
+# A delivery's spans leave with the next batch (OTEL_BSP_SCHEDULE_DELAY) and its export: a
+# worker SIGKILLed within this of a delivery's end may have taken that delivery's spans along.
+UNEXPORTED_S = 2.0
 # (seconds after the workers start, event); kills run every 1–3 s throughout the window
 SCHEDULE = [(4, "ingest"), (10, "ingest"), (16, "ingest"), (20, "redis_restart"),
-            (26, "ingest"), (32, "ingest"), (38, "ingest")]  # fmt: skip
+            (26, "ingest"), (32, "ingest")]  # fmt: skip
 ATTEMPTS_SQL = "SELECT photo_id::text, entry_id, consumer, outcome, ended_at FROM photo_attempts"
 TARGET_PCT = 99.9
 
@@ -53,16 +56,6 @@ def rig(tmp_path: Path, receiver: Receiver) -> Iterator[Rig]:
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
     with Rig(tmp_path, SETTINGS | otel) as rig:
         yield rig
-
-
-def save_busiest(receiver: Receiver, judged: Judged, path: Path) -> None:
-    """The whole trace with the most deliveries, for bench/trace_view.py to draw."""
-    whole = {p for p, v in judged.verdicts.items() if v.whole_but_kills}
-    deliveries = Counter(s.trace_id for s in receiver.named(PROCESS)
-                         if s.attributes.get("darkroom.photo_id") in whole)  # fmt: skip
-    if deliveries:
-        trace_id = deliveries.most_common(1)[0][0]
-        path.write_text(json.dumps([asdict(s) for s in receiver.of_trace(trace_id)]))
 
 
 class Run:
@@ -120,8 +113,9 @@ class Run:
 def test_every_photo_is_one_connected_trace_under_kills_and_a_redis_restart(
     rig: Rig, receiver: Receiver, tmp_path: Path
 ) -> None:
-    """Each photo's trace runs from its producer's span to its publish, every delivery that
-    ended in it, whatever the kills and the Redis wipe did; SIGKILL's losses counted apart."""
+    """Each photo is one trace from its producer's span, whatever the kills and the Redis wipe
+    did, running to its publish with every delivery in it but what a SIGKILL takes (counted
+    apart: the figures of docs/tracing.md)."""
     started, rng = time.monotonic(), random.Random(SEED)
     files = [PHOTOS / VALID[rng.randrange(len(VALID))] for _ in range(N_PHOTOS)]
     rest = files[UPFRONT:]
@@ -145,15 +139,36 @@ def test_every_photo_is_one_connected_trace_under_kills_and_a_redis_restart(
         "states": dict(states),
         "sigkills": len(run.kills), "kills_spared": run.spared, "redis_restarts": 1,
         "attempts": len(attempts), "spans": len(receiver.spans), "exports": receiver.exports,
+        "exports_cut_by_a_kill": receiver.broken,
         "settle": settled, "stop_codes": stop_codes,
         "wall_s": round(time.monotonic() - started, 1),
     }  # fmt: skip
-    (tmp_path / "trace-figures.json").write_text(json.dumps(figures, indent=2, default=str))
-    save_busiest(receiver, judged, tmp_path / "trace-spans.json")
+    saved = figures | {
+        "kills": run.kills,
+        "not_whole": {p: str(v) for p, v in judged.verdicts.items() if not v.whole},
+    }
+    (tmp_path / "trace-figures.json").write_text(json.dumps(saved, indent=2, default=str))
+    # every span, for bench/trace_view.py to draw one photo's trace
+    (tmp_path / "trace-spans.json").write_text(json.dumps([asdict(s) for s in receiver.spans]))
     print("\ntrace chaos figures:\n" + json.dumps(figures, indent=2, default=str))
-    broken = {p: v for p, v in judged.verdicts.items() if not v.whole_but_kills}
     assert settled == "settled" and states == {"processed": N_PHOTOS}, figures
-    assert len(run.photos) == N_PHOTOS and len(run.kills) >= 15, figures
-    # what an exporter can deliver: a SIGKILLed delivery's own span cannot be, nor a span
-    # that ended within the batch delay before the kill (OTEL_BSP_SCHEDULE_DELAY)
-    assert 100 * judged.share("whole_but_kills") >= TARGET_PCT, (figures, broken)
+    assert len(run.photos) == N_PHOTOS and len(run.kills) >= 10, figures
+    # the context is never lost: every photo's spans are in its producer's trace
+    assert judged.share("one_trace") == 1.0, figures
+    # and every other gap is a SIGKILL's doing: a delivery it cut short cannot export its
+    # span (its finished stages then hang from a missing parent), and a delivery that ended
+    # just before it may not have been exported yet
+    broken = {p: v for p, v in judged.verdicts.items()
+              if not v.whole_but_kills and not explained(v, run.kills)}  # fmt: skip
+    assert not broken, (figures, broken)
+
+
+def explained(verdict: Verdict, kills: list[dict[str, Any]]) -> bool:
+    """Whether the verdict's only faults are ended attempts whose worker was SIGKILLed
+    within UNEXPORTED_S of their end (the rest of the trace whole)."""
+    # a delivery lost that way leaves its exported stages hanging too
+    lost = verdict.killed_attempts + verdict.lost_ended
+    if not (verdict.one_trace and verdict.lost and verdict.missing_parents <= lost):
+        return False
+    return any(kill["consumer"] == consumer and 0 <= kill["at"] - ended.timestamp() <= UNEXPORTED_S
+               for consumer, ended in verdict.lost for kill in kills)  # fmt: skip

@@ -33,6 +33,9 @@ class Verdict:
     dangling: int = 0  # spans whose parent is missing (a killed delivery's finished stages)
     lost_ended: int = 0  # attempts that ended whose span is missing
     missing_parents: int = 0  # distinct parents named in the trace but never exported
+    # the ended attempts whose span may be the one missing: (consumer, ended_at) of each row
+    # of an entry with fewer delivery spans than ended attempts
+    lost: list[tuple[str, Any]] = field(default_factory=list)
 
     @property
     def whole(self) -> bool:
@@ -118,7 +121,10 @@ def _verdict(
     verdict.published = any(s.name == PUBLISH and s.parent_id in published for s in trace)
     ended = Counter(r["entry_id"] for r in rows if r["ended_at"] is not None)
     spanned = Counter(s.attributes.get("messaging.message.id") for s in processes)
-    verdict.lost_ended = sum((ended - spanned).values())
+    short = ended - spanned
+    verdict.lost_ended = sum(short.values())
+    verdict.lost = [(r["consumer"], r["ended_at"]) for r in rows
+                    if r["ended_at"] is not None and r["entry_id"] in short]  # fmt: skip
     verdict.ended_attempts_in = not verdict.lost_ended
     return verdict
 
