@@ -92,7 +92,7 @@ pytest: $(STAMP) services /usr/bin/chromium $(PROMTOOL) examples/node/node_modul
 test: lint imports typecheck pytest
 
 # 3 workers, 520 photos, SIGKILL/SIGSTOP/Redis restart/PG and S3 faults (docs/reliability.md),
-# then ten times the interleaving test's schedules of `make test`.
+# the failover test, the traces under SIGKILLs and a Redis restart (docs/tracing.md), then ten times the interleaving test's schedules of `make test`.
 chaos: $(STAMP) services
 	@$(COMPILE)
 	$(BIN)/pytest -m chaos -s tests/chaos
