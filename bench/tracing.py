@@ -26,8 +26,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import timeit
 from pathlib import Path
+from typing import Any
 
 from e2e import PR_SET_CHILD_SUBREAPER, Rig, Run, large_jpegs, tiny_pngs
 from report import ROOT, machine, write_section
@@ -37,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from tests.otlp import Receiver, serving
 
 DATABASE = "darkroom_bench_tracing"
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 SDK_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter", "opentelemetry.propagat")
 
 
@@ -91,28 +94,69 @@ def row(name: str, runs: dict[str, list[Run]]) -> str:
             f"| {percent(per_s['off'], per_s['on']).split(' ', 1)[1]} |")  # fmt: skip
 
 
-def off_path_us() -> float:
-    """The adapter's no-op calls one delivery makes with tracing off (its process span, the
-    seven stage spans, the render's stages, the notes, an exemplar and a log line's ids),
-    in µs: what off adds to a worker over one without the adapter."""
+def one_delivery() -> Any:
+    """The adapter's calls one tiny photo's delivery makes: its process span, the stage
+    spans, the render process's stages (a tiny PNG's: decode, three encodes, two resizes,
+    the facts), the notes, an exemplar and a log line's ids."""
     from darkroom import tracing
+    from darkroom.image.stagetimes import Stage
     from darkroom.queue.messages import Entry
 
-    assert not tracing.on()
-    entry = Entry("1-0", {"photo_id": "p"})
+    entry = Entry("1-0", {"photo_id": "p", "traceparent": PARENT})
+    stages = [Stage(n, 1, 2, r) for n, r in (("decode", ""), ("encode", "large"),
+              ("resize", "medium"), ("encode", "medium"), ("resize", "thumb"),
+              ("encode", "thumb"), ("facts", ""))]  # fmt: skip
 
     def delivery() -> None:
         with tracing.delivery(entry, 1, "s", "g"):
-            for name in ("claim", "download", "render", "upload", "publish", "ack", "event"):
+            for name in ("claim", "download", "render", "upload", "publish", "ack"):
                 with tracing.span(name):
                     tracing.note(attempt=1)
-            tracing.rendered(())
+                    if name == "render":
+                        tracing.rendered(stages)
             tracing.note(outcome="published")
             tracing.exemplar()
             tracing.log_ids(None, "info", {})
 
-    runs = 20_000
-    return min(timeit.repeat(delivery, number=runs, repeat=5)) / runs * 1e6
+    return delivery
+
+
+def per_delivery_us(delivery: Any, runs: int = 5_000) -> float:
+    return min(timeit.repeat(delivery, number=runs, repeat=5, timer=time.process_time)) / runs * 1e6
+
+
+def on_path_us() -> tuple[float, float]:
+    """With the SDK on, in this process: CPU µs a delivery's spans take to make, and to
+    encode as the OTLP exporter does (protobuf), without the HTTP round trip. The spans go
+    to memory (no export thread to count or miss). Tracing's switch is set by hand: `start`
+    would install the batch exporter this measure leaves out."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from darkroom import tracing
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracing._tracer = provider.get_tracer("darkroom")
+    try:
+        made = per_delivery_us(one_delivery(), runs=2_000)
+    finally:
+        tracing._tracer = None
+    spans = memory.get_finished_spans()[-15:]  # one delivery's
+    encoded = per_delivery_us(lambda: encode_spans(spans).SerializeToString(), runs=2_000)
+    return made, encoded
+
+
+def off_path_us() -> float:
+    """The same calls with tracing off, in µs: what off adds to a worker over one without
+    the adapter."""
+    from darkroom import tracing
+
+    assert not tracing.on()
+    return per_delivery_us(one_delivery(), runs=20_000)
 
 
 def sdk_imported_off(rig: TracingRig, paths: list[Path]) -> list[str]:
@@ -177,11 +221,16 @@ def main() -> None:
         raise SystemExit("the traced workers exported nothing: tracing did not start")
     tiny_off = cpu_per_photo(results["tiny 64×48 PNG"]["off"])
     us = off_path_us()
+    made, encoded = on_path_us()
     extra = [
         f"off against no tracing at all: a delivery's no-op calls into the adapter take "
         f"{us:.1f} µs of CPU ({100 * us / 1000 / tiny_off:.3f} % of a tiny photo's "
         f"{tiny_off:.1f} ms); a worker that drained off imported "
         f"{', '.join(imported) or 'no module'} of the trace SDK, exporter or propagator",
+        f"at 100 %, in-process: a tiny photo's delivery's 15 spans take {made:.0f} µs of CPU to "
+        f"make and {encoded:.0f} µs to encode as OTLP protobuf "
+        f"({100 * (made + encoded) / 1000 / tiny_off:.1f} % of its {tiny_off:.1f} ms; the HTTP "
+        f"round trip per batch and the start-up imports aside)",
         f"on exported {got.exports} batches, {got.export_bytes / 1024:.0f} KiB of protobuf",
     ]
     body = report(results, args.rounds, extra + ([args.note] if args.note else []))
