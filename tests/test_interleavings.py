@@ -51,6 +51,7 @@ from tests.interleave import (
 )
 from tests.interleave_audit import AuditRules
 from tests.interleave_bulk import BulkRules
+from tests.interleave_bulk_erase import BulkEraseRules
 from tests.interleave_erase import EraseRules
 from tests.interleave_limits import LimitRules
 from tests.interleave_pause import PauseRules
@@ -75,7 +76,13 @@ SHM = Path("/dev/shm")  # storage fsyncs every put: on tmpfs that costs nothing
 
 
 class Interleavings(
-    AuditRules, BulkRules, PauseRules, LimitRules, EraseRules, RuleBasedStateMachine
+    AuditRules,
+    BulkEraseRules,
+    BulkRules,
+    PauseRules,
+    LimitRules,
+    EraseRules,
+    RuleBasedStateMachine,
 ):
     rig: Rig  # set by the test on a subclass
 

@@ -241,13 +241,14 @@ class Jobs:
         with self.recorder.timed(entry, "upload"):
             renditions = await self._upload(task.photo_id, result)
         facts = result.facts.row(len(original), keep_location=self.settings.keep_location)
+        current = [r["key"] for r in renditions]
+        # recorded before the publish: a try whose publish reply is lost never gets past it
+        tried = self.in_flight.uploaded(entry.id, current)  # this delivery's tries, all
         with self.recorder.timed(entry, "publish"):
             published = await publishing.publish(
                 self.pool, task.photo_id, facts, msgspec.json.encode(renditions).decode(),
                 (claim.token, entry.id), self.recorder.publishing(entry),
             )  # fmt: skip
-        current = [r["key"] for r in renditions]
-        tried = self.in_flight.uploaded(entry.id, current)  # this delivery's tries, all
         if published.status != "published":
             if published.status != "lost":  # lost: a newer lease renders, maybe these keys
                 await self._delete_unreferenced(task.photo_id, tried, "refused uploads")
