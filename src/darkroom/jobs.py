@@ -256,6 +256,8 @@ class Jobs:
         if published.status != "published":
             if published.status != "lost":  # lost: a newer lease renders, maybe these keys
                 await self._delete_unreferenced(task.photo_id, tried, "refused uploads")
+            if published.status == "already" and deferred:  # maybe ours, its reply lost
+                await self.upgrades.request(entry, task.photo_id)  # a spare one is `already`
             return _refused(entry, claim, published.status)
         self.recorder.published(entry)
         if "tenant" in entry.fields:  # a bulk entry (the feeder's)

@@ -80,6 +80,7 @@ SELECT CASE
 """
 
 Status = Literal["upgraded", "lost", "already", "erased"]
+NO_ROW = AttemptRow()
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ async def publish_upgrade(
     photo_id: uuid.UUID,
     renditions_json: str,
     lease: tuple[int, str],
-    attempt: AttemptRow = AttemptRow(),
+    attempt: AttemptRow = NO_ROW,
 ) -> Upgraded:
     """Add the deferred renditions under the lease (token, entry id) that rendered them."""
     row = await pool.fetchrow(
