@@ -11,12 +11,15 @@ from typing import Any
 
 import pytest
 import pyvips
+import redis.asyncio
 
+from darkroom import sweeper
 from darkroom.image.pipeline import render
+from darkroom.queue.streams import Streams
 from darkroom.settings import Settings, parse_renditions, split
 from darkroom.store import audit, db, erasure, leases, publishing, upgrading
 from darkroom.upgrades import specs_for
-from tests.conftest import PHOTOS, Env
+from tests.conftest import PHOTOS, REDIS_URL, Env
 
 FACTS = {"width": 40, "height": 30, "format": "jpeg", "bytes": 99}
 FAST = [{"name": "medium", "format": "jpeg", "type": "image/jpeg", "key": "renditions/x/m-1.jpg",
@@ -195,3 +198,24 @@ def test_a_worker_publishes_first_then_upgrades_through_the_bulk_lane(file_env: 
                            "ORDER BY id", photo_id)  # fmt: skip
     assert [(r["lane"], r["outcome"]) for r in lanes] == [
         ("interactive", "published"), ("bulk", "published")]  # fmt: skip
+
+
+async def test_the_sweep_enqueues_an_upgrade_whose_entry_was_lost(pool: db.Pool) -> None:
+    """A worker gone between its publish and the upgrade's XADD: once the bulk stream holds
+    no entry older than the request, the sweep adds one (and not while one may wait)."""
+    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    tag = uuid.uuid4().hex[:10]
+    streams = Streams(client, f"{{u{tag}}}:photos", "darkroom", "w1", f"{{u{tag}}}:dead")
+    bulk = streams.for_lane("bulk")
+    try:
+        waiting = await bulk.enqueue({"photo_id": str(uuid.uuid4())})  # older than the request
+        photo_id = await published(pool)
+        assert photo_id not in await sweeper.sweep(pool, streams, 0.0)
+        await client.xdel(bulk.stream, waiting)
+        assert await sweeper.sweep(pool, streams, 0.0) == [photo_id]
+        [(_, fields)] = await client.xrange(bulk.stream)
+        assert str(photo_id) in list(fields)
+        assert await sweeper.sweep(pool, streams, 0.0) == []  # its entry waits now
+    finally:
+        await client.delete(streams.stream, bulk.stream, streams.dead_stream)
+        await client.aclose()

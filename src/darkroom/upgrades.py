@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -22,10 +23,12 @@ from darkroom.queue.streams import Streams
 from darkroom.recorder import Recorder
 from darkroom.settings import RenditionSpec, Settings, split
 from darkroom.store import db, keys, leases, upgrading
+from darkroom.store.duties import Fence
 
 log = structlog.get_logger("darkroom.upgrades")
 
 Delete = Callable[[uuid.UUID, list[str], str], Awaitable[None]]
+LOST_BATCH = 500
 
 
 def specs_for(settings: Settings, lane: str, upgrade: bool) -> tuple[list[RenditionSpec], bool]:
@@ -81,3 +84,17 @@ class Upgrades:
         self.recorder.published(entry)
         await delete(claim.photo_id, keys.superseded(upgraded.replaced, current), "superseded")
         return "upgraded", upgraded
+
+
+async def requeue_lost(
+    pool: db.Pool, bulk: Streams, before: datetime, fence: Fence, margin_ms: int
+) -> list[uuid.UUID]:
+    """The sweep's: an upgrade whose entry never reached the bulk stream gets one (a spare
+    entry, should the judgement be wrong, is `busy` or `already` at its claim)."""
+    oldest = await bulk.oldest_entry_ms()
+    lost = await upgrading.take_lost(pool, before, oldest, margin_ms, fence, LOST_BATCH)
+    for photo_id in lost:
+        await bulk.enqueue(task_fields(photo_id))
+    if lost:
+        log.warning("lost upgrades enqueued again", photos=len(lost))
+    return lost

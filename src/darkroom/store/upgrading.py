@@ -1,17 +1,20 @@
 """Upgrading a published photo in PostgreSQL: the one statement that adds its deferred
 renditions (AVIF by default) to the manifest its last publish wrote, with its
 `darkroom.photo.upgraded` event and history row in the same commit, fenced by the lease
-token of the claim that rendered them; and the failure of an upgrade, fenced the same way.
+token of the claim that rendered them; the failure of an upgrade, fenced the same way; and
+the sweep's look for upgrades whose entry was lost.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Literal
 
 from darkroom.store import keys
 from darkroom.store.db import Pool, translated
+from darkroom.store.duties import Fence, fenced
 from darkroom.store.publishing import AttemptRow
 
 # Fenced as PUBLISH_SQL: only the job's current lease ($3, the token its claim was granted,
@@ -139,3 +142,40 @@ async def record_upgrade_failure(
     """False when no upgrade of this lease is recorded (nothing changed then)."""
     done = await pool.fetchval(UPGRADE_FAILED_SQL, photo_id, code, message[:2000], token)
     return done is not None
+
+
+# The sweep's look for upgrades whose entry never reached the bulk stream (a worker gone
+# between its publish's commit and its XADD, or Redis failing that XADD), under the sweep's
+# duty ($4..$6): requested before the pass's horizon ($1) and before the oldest entry still
+# in the bulk stream ($2, its time in ms less the clocks' margin, $3; NULL: the stream is
+# empty), so every entry added after the request has been taken and acked, and no job of the
+# photo is active or pending (a running or retrying upgrade holds its own entry). The
+# request's time moves on, so the photo is not judged again before another horizon.
+# photos_upgrade_due_idx.
+LOST_SQL = f"""
+WITH fence AS (SELECT {fenced(4)} AS held),
+lost AS (
+    SELECT p.id FROM photos p
+    WHERE p.upgrade_requested_at IS NOT NULL AND p.processing_state = 'processed'
+      AND p.upgrade_requested_at < $1
+      AND ($2::bigint IS NULL OR p.upgrade_requested_at < to_timestamp(($2 - $3) / 1000.0))
+      AND NOT EXISTS (SELECT 1 FROM photo_jobs j WHERE j.photo_id = p.id AND j.type = 'process'
+                      AND j.state IN ('active', 'pending'))
+      AND (SELECT held FROM fence)
+    ORDER BY p.upgrade_requested_at, p.id LIMIT $7
+    FOR UPDATE OF p SKIP LOCKED
+)
+UPDATE photos SET upgrade_requested_at = now(), last_activity_at = now()
+FROM lost WHERE photos.id = lost.id
+RETURNING photos.id
+"""
+
+
+@translated
+async def take_lost(
+    pool: Pool, before: datetime, oldest_ms: int | None, margin_ms: int, fence: Fence, limit: int
+) -> list[uuid.UUID]:
+    """The photos whose upgrade has no entry (their request's time moved to now): each is
+    the sweep's to XADD again. None once the fence no longer holds."""
+    rows = await pool.fetch(LOST_SQL, before, oldest_ms, margin_ms, *fence.args, limit)
+    return sorted(row["id"] for row in rows)
