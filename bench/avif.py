@@ -14,13 +14,23 @@ Needs the `bench` group (ssimulacra2).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
+import itertools
+import os
 import resource
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
+import asyncpg
 import pyvips
+import redis
 from quality import SCENES
 from report import corpus, machine, write_section
 from ssimulacra2 import compute_ssimulacra2
@@ -38,6 +48,8 @@ GRID = (
     ("effort 4", 4, {}),
     ("effort 2, 4:4:4", 2, {"subsample_mode": "off"}),
     ("effort 2, 10-bit", 2, {"bitdepth": 10}),
+    ("effort 3, 4:4:4", 3, {"subsample_mode": "off"}),
+    ("effort 4, 4:4:4", 4, {"subsample_mode": "off"}),
 )
 SIZES = (2048, 1024, 320)
 
@@ -71,7 +83,7 @@ def pixels(data: bytes, size: int) -> pyvips.Image:
     return pyvips.Image.new_from_buffer(png.data, "").copy_memory()
 
 
-def measure(photos: list[Path]) -> tuple[list[dict], dict]:
+def measure(photos: list[Path], grid: list[tuple[str, int, dict]]) -> tuple[list[dict], dict]:
     """Per photo: JPEG (bytes, score, cpu) and AVIF {(label, q): (bytes, score, cpu)}."""
     rows, cpu = [], {}
     for path in photos:
@@ -79,7 +91,7 @@ def measure(photos: list[Path]) -> tuple[list[dict], dict]:
         reference = bytes(image.pngsave_buffer(compression=1))
         data, seconds = timed(lambda image=image: jpeg(image))
         row = {"photo": path.name, "jpeg": (len(data), score(reference, data), seconds)}
-        for label, effort, options in GRID:
+        for label, effort, options in grid:
             for q in QUALITIES:
                 out, seconds = timed(lambda: avif(image, q, effort, options))  # noqa: B023
                 row[label, q] = (len(out), score(reference, out), seconds)
@@ -94,17 +106,18 @@ def at_score(row: dict, label: str, target: float) -> float:
     points = sorted((row[label, q][1], row[label, q][0]) for q in QUALITIES)
     if target <= points[0][0]:
         return points[0][1]
-    for (s0, b0), (s1, b1) in zip(points, points[1:], strict=False):
+    for (s0, b0), (s1, b1) in itertools.pairwise(points):
         if s0 <= target <= s1:
             return b0 + (b1 - b0) * (target - s0) / max(s1 - s0, 1e-9)
     return points[-1][1] * 1.0  # above the grid: the top quality's bytes (a lower bound)
 
 
-def equal_score_table(rows: list[dict], cpu: dict) -> str:
+def equal_score_table(rows: list[dict], cpu: dict, grid: list[tuple[str, int, dict]]) -> str:
     lines = ["| AVIF setting | bytes at each photo's JPEG score, vs JPEG q82 (total) | "
-             "per photo (min..max) | encode CPU per 1024 px photo |", "|---|---:|---:|---:|"]  # fmt: skip
+             "per photo (min..max) | encode CPU per 1024 px photo |",
+             "|---|---:|---:|---:|"]  # fmt: skip
     total_jpeg = sum(r["jpeg"][0] for r in rows)
-    for label, _, _ in GRID:
+    for label, _, _ in grid:
         ratios = [at_score(r, label, r["jpeg"][1]) / r["jpeg"][0] for r in rows]
         total = sum(at_score(r, label, r["jpeg"][1]) for r in rows)
         per_photo = cpu[label] / (len(rows) * len(QUALITIES))
@@ -175,15 +188,94 @@ def render_table(photos: list[Path], heavy: str) -> str:
     return "\n".join(lines)
 
 
+DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/darkroom_bench_avif"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+# A delivery's claim-to-publish time and render time, of the photo's first (interactive)
+# publish, and the render time of its upgrade (bulk).
+ATTEMPTS_SQL = """
+SELECT lane, download_ms + render_ms + upload_ms + publish_ms AS ms, render_ms
+FROM photo_attempts WHERE photo_id = ANY($1::uuid[]) AND outcome = 'published'
+"""
+
+
+def first_publish_table(photos: list[Path], heavy: str, rounds: int = 2) -> str:
+    """Real `darkroom run --drain` workers (concurrency 2, local folder storage, a database
+    of their own): an interactive photo's claim-to-publish time with the default list, with
+    AVIF deferred beside it, and with AVIF inline; the lists alternate, `rounds` times."""
+    tmp = Path(tempfile.mkdtemp(prefix="darkroom-bench-avif-"))
+    inline = ",".join(f"{item}:inline" for item in heavy.split(","))
+    lists = {"default list": DEFAULT_RENDITIONS,
+             "default + AVIF deferred (upgrade in bulk)": f"{DEFAULT_RENDITIONS},{heavy}",
+             "default + AVIF inline": f"{DEFAULT_RENDITIONS},{inline}"}  # fmt: skip
+    subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists",
+                    DATABASE_URL.rsplit("/", 1)[1]], check=True)  # fmt: skip
+    _cli(tmp, "avif-setup", {}, "migrate")
+    found: dict[str, list[tuple[str, float, float]]] = {label: [] for label in lists}
+    try:
+        for turn in range(rounds):
+            for label, text in lists.items():
+                stream = f"avif-{os.getpid()}-{turn}-{len(found[label])}-{hash(label) % 999}"
+                ids = _cli(tmp, stream, {}, "ingest", *map(str, photos)).split()
+                _cli(tmp, stream, {"DARKROOM_RENDITIONS": text, "DARKROOM_CONCURRENCY": "2"},
+                     "run", "--drain")  # fmt: skip
+                found[label] += asyncio.run(_attempts(ids))
+                client = redis.Redis.from_url(REDIS_URL)
+                client.delete(*(f"{{{stream}}}:{k}" for k in ("photos", "photos:bulk", "dead")))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    lines = ["| renditions | first publish, claim to commit (median ms) | its render (median ms) "
+             "| upgrade's render (median ms) |", "|---|---:|---:|---:|"]  # fmt: skip
+    for label, rows in found.items():
+        first = [(ms, render) for lane, ms, render in rows if lane == "interactive"]
+        upgrade = [render for lane, _, render in rows if lane == "bulk"]
+        lines.append(f"| {label} | {statistics.median(m for m, _ in first):.0f} | "
+                     f"{statistics.median(r for _, r in first):.0f} | "
+                     f"{statistics.median(upgrade) if upgrade else 0:.0f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _cli(tmp: Path, stream: str, extra: dict[str, str], *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")} | {
+        "DARKROOM_REDIS_URL": REDIS_URL, "DARKROOM_DATABASE_URL": DATABASE_URL,
+        "DARKROOM_STORAGE_URL": f"file:{tmp / 'storage'}", "DARKROOM_LOG_FORMAT": "json",
+        "DARKROOM_STREAM": f"{{{stream}}}:photos",
+        "DARKROOM_DEAD_LETTER_STREAM": f"{{{stream}}}:dead", **extra,
+    }  # fmt: skip
+    command = [sys.executable, "-m", "darkroom", *args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True, cwd=tmp)
+    return done.stdout
+
+
+async def _attempts(ids: list[str]) -> list[tuple[str, float, float]]:
+    conn = await asyncpg.connect(DATABASE_URL)
+    try:
+        rows = await conn.fetch(ATTEMPTS_SQL, [uuid.UUID(i) for i in ids])
+    finally:
+        await conn.close()
+    return [(r["lane"], float(r["ms"]), float(r["render_ms"])) for r in rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--limit", type=int, default=len(SCENES))
+    parser.add_argument("--settings", help="only these GRID labels (;-separated), no report")
+    parser.add_argument("--first-publish", action="store_true", help="only the workers' table")
     args = parser.parse_args()
     pyvips.concurrency_set(1)
     name, photos = corpus()
     photos = [p for p in photos if p.stem.startswith(SCENES)][: args.limit] or photos[: args.limit]
-    rows, cpu = measure(photos)
+    if args.first_publish:
+        q = formats.AVIF_QUALITY
+        print(first_publish_table(photos, f"medium:1024:avif:{q},large:2048:avif:{q}"))
+        return
+    grid = [g for g in GRID if not args.settings or g[0] in args.settings.split(";")]
+    rows, cpu = measure(photos, grid)
+    if args.settings:  # a look at a few settings: their tables only
+        print(equal_score_table(rows, cpu, grid))
+        for label, _, _ in grid:
+            print(f"\n{label}:\n{fixed_table(rows, label)}")
+        return
     q, effort = formats.AVIF_QUALITY, formats.AVIF_EFFORT
     heavy = f"medium:1024:avif:{q},large:2048:avif:{q}"
     body = "\n\n".join([
@@ -193,13 +285,15 @@ def main() -> None:
         f" Scored at 1024 px against the pixels encoded; JPEG q{JPEG_Q} as darkroom encodes "
         "it (progressive, optimized Huffman).",
         "AVIF bytes at the JPEG fallback's own SSIMULACRA2, per photo:",
-        equal_score_table(rows, cpu),
+        equal_score_table(rows, cpu, grid),
         f"At one fixed AVIF quality (effort {effort}, 4:2:0, 8-bit: darkroom's settings):",
         fixed_table(rows, f"effort {effort}"),
         f"Encode CPU per rendition size (AVIF at q{q}; mean per photo):",
         sizes_table(photos, q),
         "A photo's render, the default list alone and with AVIF renditions inline:",
         render_table(photos, heavy),
+        "Through real workers: the interactive photo's first publish, and its upgrade:",
+        first_publish_table(photos, heavy),
     ])  # fmt: skip
     print(body)
     if args.out:

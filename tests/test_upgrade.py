@@ -29,16 +29,15 @@ AVIF = [{"name": "medium", "format": "avif", "type": "image/avif", "key": "rendi
 LIST = "thumb:320:webp,medium:512:jpeg,medium:512:avif"
 
 
-def test_avif_is_deferred_unless_inline_and_a_list_keeps_a_fast_rendition() -> None:
+def test_avif_is_deferred_unless_inline_or_alone() -> None:
     """AVIF (a heavy format) is deferred by default, `:inline` keeps it in the first render,
-    `:defer` defers any format, and a list of deferred renditions only is refused."""
+    `:defer` defers any format, and a list of deferred renditions only renders them at once."""
     specs = parse_renditions("a:320:webp,b:512:avif,c:512:avif:inline,d:64:jpeg:defer:70")
     assert [s.deferred for s in specs] == [False, True, False, True]
     assert specs[3].quality == 70
     fast, deferred = split(specs)
     assert [s.name for s in fast] == ["a", "c"] and [s.name for s in deferred] == ["b", "d"]
-    with pytest.raises(ValueError, match="every rendition is deferred"):
-        parse_renditions("b:512:avif")
+    assert split(parse_renditions("b:512:avif:q=60")) == (list(parse_renditions("b:512:avif")), [])
     with pytest.raises(ValueError, match="defer and inline both set"):
         parse_renditions("a:320:webp:defer:inline")
 
@@ -132,7 +131,8 @@ async def test_an_upgrade_adds_the_avif_beside_its_fallback_with_an_event(pool: 
 
 async def test_an_upgrade_of_an_older_render_is_refused_after_a_rerender(pool: db.Pool) -> None:
     """A re-render claimed and published while the upgrade rendered wins: the stale upgrade
-    (its token superseded) adds nothing to the newer manifest and writes no event."""
+    (its token superseded, the newer render's upgrade active) adds nothing to the newer
+    manifest and writes no event; the newer render's own upgrade then does."""
     photo_id = await published(pool)
     stale = await upgrade_claimed(pool, photo_id)
     assert await publishing.request_rerender(pool, [photo_id], None) == [photo_id]
@@ -142,12 +142,17 @@ async def test_an_upgrade_of_an_older_render_is_refused_after_a_rerender(pool: d
     done = await publishing.publish(pool, photo_id, FACTS, json.dumps(newer),
                                     (claim.token, "3-0"), deferred=True)  # fmt: skip
     assert done.status == "published"
+    current = await upgrade_claimed(pool, photo_id, "4-0")  # the newer render's upgrade
     refused = await upgrading.publish_upgrade(pool, photo_id, json.dumps(AVIF), (stale, "2-0"))
     assert refused.status == "already"
     after = await row(pool, photo_id)
     assert json.loads(after["renditions"]) == newer and after["upgrade_requested_at"]
     assert await events(pool, photo_id) == ["published", "rerendered"]
     assert not await upgrading.record_upgrade_failure(pool, photo_id, stale, "timeout", "x")
+    fresh = [{**AVIF[0], "key": "renditions/x/m-4.avif"}]
+    done = await upgrading.publish_upgrade(pool, photo_id, json.dumps(fresh), (current, "4-0"))
+    assert done.status == "upgraded"
+    assert json.loads((await row(pool, photo_id))["renditions"]) == newer + fresh
 
 
 async def test_an_upgrade_of_an_erased_photo_is_refused(pool: db.Pool) -> None:

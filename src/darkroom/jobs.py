@@ -244,7 +244,9 @@ class Jobs:
         with self.recorder.timed(entry, "upload"):
             renditions = await self._upload(task.photo_id, result)
         if claim.upgrade:
-            return await self._upgraded(entry, claim, renditions)
+            with self.recorder.timed(entry, "publish"):
+                done = self._delete_unreferenced, self.outcomes.again
+                return await self.upgrades.publish(entry, claim, renditions, *done)
         facts = result.facts.row(len(original), keep_location=self.settings.keep_location)
         with self.recorder.timed(entry, "publish"):
             published = await publishing.publish(
@@ -270,20 +272,6 @@ class Jobs:
         elif deferred:
             await self.upgrades.request(entry, task.photo_id)
         return "published"
-
-    async def _upgraded(
-        self, entry: Entry, claim: leases.Claim, renditions: list[dict[str, Any]]
-    ) -> str:
-        """The upgrade's publish (upgrades.py); a re-render requested meanwhile goes
-        through the photo's own lane."""
-        with self.recorder.timed(entry, "publish"):
-            outcome, upgraded = await self.upgrades.publish(
-                entry, claim, renditions, self._delete_unreferenced
-            )
-        if upgraded.again and upgraded.lane:
-            await self.outcomes.again(msgspec.structs.replace(entry, lane=upgraded.lane),
-                                      claim.photo_id)  # fmt: skip
-        return outcome
 
     async def _claim(self, entry: Entry, task: Task) -> leases.Claim:
         """One claim per delivery, however often retried in place (kept with the entry).

@@ -71,14 +71,14 @@ def parse_renditions(text: str) -> tuple[RenditionSpec, ...]:
     specs = tuple(_spec(part.strip()) for part in text.split(","))
     if len({(s.name, s.format) for s in specs}) != len(specs):
         raise ValueError("two renditions share a name and format")
-    if all(s.deferred for s in specs):
-        raise ValueError("every rendition is deferred: a photo needs one to publish first")
     return specs
 
 
 def split(specs: tuple[RenditionSpec, ...]) -> tuple[list[RenditionSpec], list[RenditionSpec]]:
-    """The renditions a first publish carries, and those its upgrade adds."""
-    return [s for s in specs if not s.deferred], [s for s in specs if s.deferred]
+    """The renditions a first publish carries, and those its upgrade adds; all at once when
+    every one is deferred (a photo publishes with something)."""
+    fast = [s for s in specs if not s.deferred]
+    return (fast, [s for s in specs if s.deferred]) if fast else (list(specs), [])
 
 
 def _spec(item: str) -> RenditionSpec:

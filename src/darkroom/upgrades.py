@@ -28,6 +28,7 @@ from darkroom.store.duties import Fence
 log = structlog.get_logger("darkroom.upgrades")
 
 Delete = Callable[[uuid.UUID, list[str], str], Awaitable[None]]
+Again = Callable[[Entry, uuid.UUID], Awaitable[None]]
 LOST_BATCH = 500
 
 
@@ -64,10 +65,16 @@ class Upgrades:
         log.info("upgrade enqueued", photo_id=str(photo_id), entry_id=entry_id)
 
     async def publish(
-        self, entry: Entry, claim: leases.Claim, renditions: list[dict[str, Any]], delete: Delete
-    ) -> tuple[str, upgrading.Upgraded]:
-        """The upgrade's fenced publish; its outcome, and what it answered. A refused one
-        deletes this delivery's uploads (no lease of it can name them any more)."""
+        self,
+        entry: Entry,
+        claim: leases.Claim,
+        renditions: list[dict[str, Any]],
+        delete: Delete,
+        again: Again,
+    ) -> str:
+        """The upgrade's fenced publish; its outcome. A refused one deletes this delivery's
+        uploads (no lease of it can name them any more); a re-render requested meanwhile
+        goes through the photo's own lane."""
         upgraded = await upgrading.publish_upgrade(
             self.pool, claim.photo_id, msgspec.json.encode(renditions).decode(),
             (claim.token, entry.id), self.recorder.publishing(entry),
@@ -78,12 +85,12 @@ class Upgrades:
                 await delete(claim.photo_id, current, "refused upgrade")
             log.warning("lease_lost", entry_id=entry.id, photo_id=str(claim.photo_id),
                         token=claim.token, refused="upgrade", status=upgraded.status)  # fmt: skip
-            return {"lost": "lease_lost", "erased": "skipped"}.get(
-                upgraded.status, "already"
-            ), upgraded
+            return {"lost": "lease_lost", "erased": "skipped"}.get(upgraded.status, "already")
         self.recorder.published(entry)
         await delete(claim.photo_id, keys.superseded(upgraded.replaced, current), "superseded")
-        return "upgraded", upgraded
+        if upgraded.again and upgraded.lane:
+            await again(msgspec.structs.replace(entry, lane=upgraded.lane), claim.photo_id)
+        return "upgraded"
 
 
 async def requeue_lost(

@@ -13,7 +13,7 @@ from darkroom.settings import RenditionSpec
 _KEEP_NONE = 0  # ForeignKeep.NONE: no EXIF, XMP, IPTC, ICC or other metadata in outputs
 # AVIF (libaom through libheif): effort 2 and 8-bit 4:2:0, chosen by bench/avif.py against
 # the other efforts, 4:4:4 and 10-bit at equal SSIMULACRA2 (docs/photos.md "Modern formats").
-AVIF_EFFORT = 2
+AVIF_EFFORT = 4
 AVIF_QUALITY = 64  # DEFAULT_QUALITY["avif"]: the JPEG fallback's look, measured
 # WebP effort 2 (libvips' default is 4): half the CPU at equal SSIMULACRA2, +3 % bytes
 # (docs/benchmarks.md, bench/encoders.py)
