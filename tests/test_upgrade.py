@@ -37,7 +37,8 @@ def test_avif_is_deferred_unless_inline_or_alone() -> None:
     assert specs[3].quality == 70
     fast, deferred = split(specs)
     assert [s.name for s in fast] == ["a", "c"] and [s.name for s in deferred] == ["b", "d"]
-    assert split(parse_renditions("b:512:avif:q=60")) == (list(parse_renditions("b:512:avif")), [])
+    alone = parse_renditions("b:512:avif")
+    assert alone[0].deferred and split(alone) == (list(alone), [])
     with pytest.raises(ValueError, match="defer and inline both set"):
         parse_renditions("a:320:webp:defer:inline")
 

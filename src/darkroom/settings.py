@@ -17,7 +17,9 @@ import msgspec
 
 Format = Literal["webp", "jpeg", "avif", "png"]
 EXTENSIONS: dict[str, str] = {"webp": "webp", "jpeg": "jpg", "avif": "avif", "png": "png"}
-DEFAULT_QUALITY: dict[str, int] = {"webp": 80, "jpeg": 82, "avif": 60, "png": 100}
+# AVIF 67 (effort 4): the JPEG fallback's mean SSIMULACRA2 at about 32 % fewer bytes
+# (bench/avif.py; docs/photos.md "Modern formats with a fallback").
+DEFAULT_QUALITY: dict[str, int] = {"webp": 80, "jpeg": 82, "avif": 67, "png": 100}
 # q=auto's SSIMULACRA2 target per format: the lowest score DEFAULT_QUALITY reached over the
 # team's camera photos, so the worst-looking photo looks as it does at a fixed quality
 # (bench/quality.py, docs/photos.md "A quality target per rendition").

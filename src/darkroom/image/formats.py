@@ -8,13 +8,15 @@ from __future__ import annotations
 import pyvips
 
 from darkroom.image import gainmap
-from darkroom.settings import RenditionSpec
+from darkroom.settings import DEFAULT_QUALITY, RenditionSpec
 
 _KEEP_NONE = 0  # ForeignKeep.NONE: no EXIF, XMP, IPTC, ICC or other metadata in outputs
-# AVIF (libaom through libheif): effort 2 and 8-bit 4:2:0, chosen by bench/avif.py against
-# the other efforts, 4:4:4 and 10-bit at equal SSIMULACRA2 (docs/photos.md "Modern formats").
+# AVIF (libaom through libheif): effort 4, 8-bit 4:2:0, chosen by bench/avif.py at equal
+# SSIMULACRA2 against JPEG 82: the one setting measured ≥ 30 % smaller (effort 2: 24 %,
+# 4:4:4 or 10-bit at effort 2: 26 %). Its CPU (2.3 s a 1024 px photo) is why AVIF is
+# deferred off the first publish (docs/photos.md "Modern formats with a fallback").
 AVIF_EFFORT = 4
-AVIF_QUALITY = 64  # DEFAULT_QUALITY["avif"]: the JPEG fallback's look, measured
+AVIF_QUALITY = DEFAULT_QUALITY["avif"]
 # WebP effort 2 (libvips' default is 4): half the CPU at equal SSIMULACRA2, +3 % bytes
 # (docs/benchmarks.md, bench/encoders.py)
 WEBP_EFFORT = 2
