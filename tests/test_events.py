@@ -159,7 +159,7 @@ async def test_a_rolled_back_publish_leaves_no_event_and_no_notification(box: Ou
             await tx.start()
             row = await conn.fetchrow(publishing.PUBLISH_SQL, photo_id, 1, 1, "jpeg", 1, "[]",
                                       *[None] * len(publishing.FACT_COLUMNS), *[None] * 5,
-                                      token, "1-0", None, None)  # fmt: skip
+                                      token, "1-0", None, None, False)  # fmt: skip
             assert row is not None and row["status"] == "published"
             assert await box.rows() == []  # not visible before the commit
             await tx.rollback()

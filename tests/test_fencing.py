@@ -77,12 +77,12 @@ async def test_a_holder_that_froze_past_its_lease_cannot_publish_over_its_succes
     real, statuses = publishing.publish, {}
     b_claimed, a_refused = anyio.Event(), anyio.Event()
 
-    async def frozen_a(pool: Any, pid: Any, facts: Any, rend: Any, lease: Any, att: Any) -> Any:
+    async def frozen_a(pool: Any, pid: Any, facts: Any, rend: Any, lease: Any, *more: Any) -> Any:
         if lease[0] == 1:  # A, waking after its freeze: B holds the entry by now
             await b_claimed.wait()
         if lease[0] == 2:
             await a_refused.wait()
-        published = await real(pool, pid, facts, rend, lease, att)
+        published = await real(pool, pid, facts, rend, lease, *more)
         statuses[lease[0]] = published.status
         if lease[0] == 1:
             a_refused.set()
@@ -280,11 +280,11 @@ async def test_a_stale_publish_leaves_an_entry_its_successor_set_back_for_a_retr
     photo_id, entry = await one_photo(a)
     real = publishing.publish
 
-    async def frozen(pool: Any, pid: Any, facts: Any, rend: Any, lease: Any, att: Any) -> Any:
+    async def frozen(pool: Any, pid: Any, facts: Any, rend: Any, lease: Any, *more: Any) -> Any:
         await expire_and_reclaim(a, entry)
         b = await leases.claim(a.pool, photo_id, entry.id, "w2", leases.Lease("B", 60_000, 5))
         assert await leases.record_retry(a.pool, photo_id, b.token, "render_timeout", "x", 60_000)
-        return await real(pool, pid, facts, rend, lease, att)
+        return await real(pool, pid, facts, rend, lease, *more)
 
     monkeypatch.setattr(publishing, "publish", frozen)
     assert a.in_flight.admit(entry.id)

@@ -101,7 +101,8 @@ def test_the_manifest_records_the_chosen_quality_and_score_of_a_target_only() ->
     described = jobs._described(auto, key)
     assert described["quality"] == auto.quality and described["score"] == auto.score
     assert described["scored_by"] == "ssim-calibrated"
-    assert set(jobs._described(fixed, key)) == {"name", "format", "key", "width", "height", "bytes"}
+    plain = {"name", "format", "type", "key", "width", "height", "bytes"}
+    assert set(jobs._described(fixed, key)) == plain
 
 
 async def test_a_render_process_returns_the_quality_it_chose() -> None:

@@ -21,7 +21,7 @@ import anyio
 import msgspec
 import structlog
 
-from darkroom import metrics, tracing
+from darkroom import metrics, tracing, upgrades
 from darkroom.errors import (
     ERROR_CODES,
     AttemptsExhaustedError,
@@ -41,6 +41,7 @@ from darkroom.recorder import Recorder
 from darkroom.settings import Settings
 from darkroom.store import db, history, keys, leases, publishing
 from darkroom.store.storage import CONTENT_TYPES, Storage, Upload
+from darkroom.upgrades import Upgrades
 
 log = structlog.get_logger("darkroom.jobs")
 
@@ -92,6 +93,7 @@ class Jobs:
         self.recorder = Recorder(self.pool, self.streams.consumer, self.settings.history)
         self.outcomes = Outcomes(self.settings, self.pool, self.streams, self.recorder)
         self.named_tenants = frozenset(dict(self.settings.tenant_weights))
+        self.upgrades = Upgrades(self.pool, self.streams, self.recorder)
         metrics.watch_render_budget(self.renderer.budget)
 
     def _stream(self, entry: Entry) -> Streams:
@@ -229,9 +231,10 @@ class Jobs:
             return await self._unclaimed(entry, deliveries, claim)
         with self.recorder.timed(entry, "download"):
             original = await self.storage.get(claim.original_key, self.settings.max_original_bytes)
+        specs, deferred = upgrades.specs_for(self.settings, entry.lane, claim.upgrade)
         with self.recorder.timed(entry, "render"):
             result = await self.renderer.render(
-                original, self.settings.renditions, interactive=entry.lane == "interactive",
+                original, specs, interactive=entry.lane == "interactive",
                 started=_wait_observer(entry, deliveries),
                 traceparent=tracing.injected().get("traceparent"),
             )  # fmt: skip
@@ -240,17 +243,24 @@ class Jobs:
         self.recorder.attempt(entry).peak_rss_mb = result.peak_rss_mb
         with self.recorder.timed(entry, "upload"):
             renditions = await self._upload(task.photo_id, result)
+        if claim.upgrade:
+            with self.recorder.timed(entry, "publish"):
+                done = self._delete_unreferenced, self.outcomes.again
+                return await self.upgrades.publish(entry, claim, renditions, *done)
         facts = result.facts.row(len(original), keep_location=self.settings.keep_location)
+        current = [r["key"] for r in renditions]
+        # recorded before the publish: a try whose publish reply is lost never gets past it
+        tried = self.in_flight.uploaded(entry.id, current)  # this delivery's tries, all
         with self.recorder.timed(entry, "publish"):
             published = await publishing.publish(
                 self.pool, task.photo_id, facts, msgspec.json.encode(renditions).decode(),
-                (claim.token, entry.id), self.recorder.publishing(entry),
+                (claim.token, entry.id), self.recorder.publishing(entry), deferred,
             )  # fmt: skip
-        current = [r["key"] for r in renditions]
-        tried = self.in_flight.uploaded(entry.id, current)  # this delivery's tries, all
         if published.status != "published":
             if published.status != "lost":  # lost: a newer lease renders, maybe these keys
                 await self._delete_unreferenced(task.photo_id, tried, "refused uploads")
+            if published.status == "already" and deferred:  # maybe ours, its reply lost
+                await self.upgrades.request(entry, task.photo_id)  # a spare one is `already`
             return _refused(entry, claim, published.status)
         self.recorder.published(entry)
         if "tenant" in entry.fields:  # a bulk entry (the feeder's)
@@ -260,6 +270,8 @@ class Jobs:
         await self._delete_unreferenced(task.photo_id, replaced, "superseded renditions")
         if published.again:
             await self.outcomes.again(entry, task.photo_id)
+        elif deferred:
+            await self.upgrades.request(entry, task.photo_id)
         return "published"
 
     async def _claim(self, entry: Entry, task: Task) -> leases.Claim:
@@ -402,8 +414,9 @@ def _described(r: Rendered, key: str) -> dict[str, Any]:
     """The rendition as the photo's row lists it; a box's `crop` when it was cropped; the
     quality chosen for a target and the score its calibrated metric predicted
     (`scored_by`: not SSIMULACRA2 itself, see docs/photos.md)."""
-    described = {"name": r.name, "format": r.format, "key": key, "width": r.width,
-                 "height": r.height, "bytes": len(r.data)}  # fmt: skip
+    described = {"name": r.name, "format": r.format, "type": CONTENT_TYPES[r.format],
+                 "key": key, "width": r.width, "height": r.height,
+                 "bytes": len(r.data)}  # fmt: skip
     if r.crop:
         described["crop"] = r.crop
     if r.score is not None:

@@ -37,6 +37,8 @@ class Claim:
     # The fencing token this claim was granted (claimed, exhausted): every write under the
     # lease carries it. 0 for a claim that took no job.
     token: int = 0
+    # The claim of a processed photo's upgrade (its deferred renditions), not a render.
+    upgrade: bool = False
 
 
 # One statement. Lock the photo, then its job (so the job is read as it is now, not as the
@@ -51,6 +53,9 @@ class Claim:
 # on (a duplicate XADD, e.g. a producer's and the intake's) is `busy`, never a second render.
 # A job that is done or failed (a re-render, an operator retry) starts a new run. The photo
 # becomes `processing`; a processed photo with a re-render requested stays processed.
+# A processed photo with an upgrade requested (deferred renditions, store/upgrading.py) and
+# no re-render is claimed by a bulk entry (never an interactive one: heavy encodes stay off
+# that lane) as an upgrade; with a re-render requested too, the re-render comes first.
 # An erased photo is no photo to work on (its row stays, for the record): `skipped`, as a
 # deleted one. A claim waiting for the row's lock re-reads it once granted, so a claim
 # that queued behind an erase sees it erased.
@@ -70,8 +75,12 @@ WITH p AS (
     SELECT id, original_key, processing_state, rerender_generation, lane, tenant,
            processing_state IN ('processed', 'processing_failed')
            AND NOT (processing_state = 'processed' AND rerender_requested_at IS NOT NULL)
+           AND NOT (processing_state = 'processed' AND upgrade_requested_at IS NOT NULL
+                    AND $8 IS DISTINCT FROM 'interactive')
            AS finished,
-           processing_state = 'processed' AS rerender
+           processing_state = 'processed' AS rerender,
+           processing_state = 'processed' AND rerender_requested_at IS NULL
+           AND upgrade_requested_at IS NOT NULL AS upgrade
     FROM photos WHERE id = $1 AND processing_state <> 'erased' FOR UPDATE
 ), prior AS (
     SELECT j.id, j.state, j.attempt, j.run_offset, j.stream_entry, j.consumer, j.error_code,
@@ -142,7 +151,7 @@ WITH p AS (
       AND $7::text IS NOT NULL AND (SELECT own FROM next) AND EXISTS (SELECT 1 FROM job)
     ORDER BY a.id DESC LIMIT 1
 )
-SELECT p.original_key, p.finished, p.processing_state, job.run_attempt, job.lease_token,
+SELECT p.original_key, p.finished, p.processing_state, p.upgrade, job.run_attempt, job.lease_token,
        next.attempt - next.run_offset AS next_attempt, next.own,
        NOT next.own AND next.attempt - next.run_offset > $6 AS over_cap, prior.held,
        prior.stream_entry, prior.consumer, prior.error_code, prior.last_error,
@@ -200,7 +209,7 @@ def _claim_of(photo_id: uuid.UUID, row: Any) -> Claim:
                  last_entry=row["stream_entry"], error_code=row["error_code"],
                  last_error=row["last_error"], photo_id=photo_id,
                  history_row=row["attempt_row"],
-                 token=row["lease_token"] or 0)  # fmt: skip
+                 token=row["lease_token"] or 0, upgrade=bool(row["upgrade"]))  # fmt: skip
     if row["finished"]:
         return base
     if row["paused"]:
