@@ -35,7 +35,7 @@ from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import Entry
 from darkroom.queue.streams import Streams
 from darkroom.settings import RenditionSpec, Settings
-from darkroom.store import db, leases, probe, publishing, upgrading
+from darkroom.store import db, failures, leases, probe, publishing, upgrading
 from darkroom.store.storage import FileStorage, Upload
 from tests.conftest import REDIS_URL
 from tests.faults import FakeClock
@@ -45,9 +45,9 @@ STEP_TIMEOUT_S = 20.0
 CHECKPOINTED = {
     "claim": leases,
     "publish": publishing,
-    "record_retry": leases,
-    "record_failure": leases,
-    "record_rerender_failure": leases,
+    "record_retry": failures,
+    "record_failure": failures,
+    "record_rerender_failure": failures,
     "publish_upgrade": upgrading,
     "record_upgrade_failure": upgrading,
 }
