@@ -1,0 +1,432 @@
+"""Pause and resume under load, with real workers, on the local Redis and PostgreSQL.
+
+    .venv/bin/python bench/pause.py [--pauses 100] [--cycles 1000] [--smoke]
+                                    [--out docs/benchmarks.md]
+
+In a fresh database (dropped after), DARKROOM_BENCH_DATABASE or `darkroom_bench_pause`,
+and Redis keys under a hash tag of its own: three `darkroom run` workers (concurrency 2)
+render tiny photos of three tenants in both lanes, a steady backlog (bulk rows topped up
+for the feeder, interactive uploads XADDed at a steady rate). Then:
+
+1. `--pauses` pauses through `darkroom pause` (scopes in turn: a lane, a tenant, a
+   tenant's lane, everything), each held HOLD_S, then resumed. A pause is *effective* at
+   T when no claim of its scope starts after T: the time is the last claim of the scope
+   (photo_attempts.started_at, the claim's own transaction start, PostgreSQL's clock)
+   after the pause's `since` (its transaction's start, at or before its commit: the
+   figure is an upper bound), 0 when none started after. Beside it, when each worker
+   heard of the pause (its `pauses changed` log line): from then on it reads no entry
+   of a paused lane.
+2. `--cycles` pause/resume cycles through the same store calls the command runs, random
+   scopes and holds; one in ten a timed pause that runs out by itself. Then everything
+   is resumed and the backlog drains; every photo must end published exactly once: one
+   `published` attempt, one counted attempt, one `published` event, its renditions'
+   objects and no other, nothing left pending or dead-lettered.
+
+`--smoke`: 10 pauses and 40 cycles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from darkroom.queue.messages import task_fields
+from darkroom.store import audit, db, pauses
+from darkroom.store.keys import keys_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import ROOT, machine, write_section
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+SERVER = "postgresql://postgres@127.0.0.1:5432"
+DATABASE = os.environ.get("DARKROOM_BENCH_DATABASE", "darkroom_bench_pause")
+DATABASE_URL = f"{SERVER}/{DATABASE}"
+PHOTO = ROOT / "tests" / "photos" / "embedgravitybird.png"  # 0.2 MP: a steady stream of claims
+ORIGINAL = "originals/bench/photo.png"
+WORKERS, TENANTS = 3, ("t1", "t2", "t3")
+SCOPES: list[tuple[str | None, str | None]] = [
+    ("bulk", None), (None, "t1"), ("interactive", None), ("bulk", "t2"), (None, None),
+    (None, "t3"),
+]  # fmt: skip
+BULK_LEVEL = 150  # unfinished bulk photos kept per tenant
+UPLOADS_PER_S = 8.0
+HOLD_S = 1.5
+DRAIN_S = 240.0
+CLAIMS = "('running', 'worker_died', 'published', 'retrying', 'failed', 'released')"
+# The claims of a scope started in [$1, $2): a lane pause holds the entry's stream's lane
+# (the attempt row's) and the photo's own.
+CLAIMS_SQL = f"""
+SELECT extract(epoch FROM max(a.started_at))::float8 AS last, count(*) AS n
+FROM photo_attempts a JOIN photos p ON p.id = a.photo_id
+WHERE a.started_at >= to_timestamp($1) AND a.started_at < to_timestamp($2)
+  AND a.outcome IN {CLAIMS}
+  AND ($3::text IS NULL OR a.lane = $3 OR p.lane = $3) AND ($4::text IS NULL OR p.tenant = $4)
+"""
+SINCE_SQL = """
+SELECT extract(epoch FROM since)::float8, extract(epoch FROM clock_timestamp())::float8
+FROM queue_pauses
+WHERE lane IS NOT DISTINCT FROM $1 AND tenant IS NOT DISTINCT FROM $2
+"""
+NOW_SQL = "SELECT extract(epoch FROM clock_timestamp())::float8"
+
+
+class Rig:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.tag = tmp, f"pause{os.getpid()}"
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def environ(self) -> dict[str, str]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+        return base | {
+            "DARKROOM_REDIS_URL": REDIS_URL, "DARKROOM_DATABASE_URL": DATABASE_URL,
+            "DARKROOM_STORAGE_URL": f"file:{self.tmp / 'storage'}",
+            "DARKROOM_STREAM": f"{{{self.tag}}}:photos",
+            "DARKROOM_DEAD_LETTER_STREAM": f"{{{self.tag}}}:dead",
+            "DARKROOM_EVENTS_STREAM": f"{{{self.tag}}}:events",
+            "DARKROOM_CONCURRENCY": "2", "DARKROOM_LOG_FORMAT": "json",
+            "DARKROOM_OPERATOR": "bench",
+        }  # fmt: skip
+
+    def cli(self, *args: str) -> None:
+        subprocess.run([sys.executable, "-m", "darkroom", *args], env=self.environ(),
+                       cwd=self.tmp, check=True, capture_output=True)  # fmt: skip
+
+    def worker(self) -> None:
+        log = open(self.tmp / f"worker-{len(self.procs)}.log", "w")  # noqa: SIM115
+        command = [sys.executable, "-m", "darkroom", "run"]
+        proc = subprocess.Popen(command, env=self.environ(), cwd=self.tmp,
+                                stdout=subprocess.DEVNULL, stderr=log, text=True)  # fmt: skip
+        self.procs.append(proc)
+
+    def stop_workers(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+            proc.wait(60)
+        self.procs.clear()
+
+    def heard(self) -> list[list[tuple[float, list[str]]]]:
+        """Each worker's `pauses changed` lines: (time, the scopes in force)."""
+        return [_heard(path) for path in sorted(self.tmp.glob("worker-*.log"))]
+
+
+def _heard(path: Path) -> list[tuple[float, list[str]]]:
+    lines = []
+    for line in path.read_text().splitlines():
+        if '"pauses changed"' in line:
+            record = json.loads(line)
+            at = datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00"))
+            lines.append((at.timestamp(), record["paused"]))
+    return lines
+
+
+def label(scope: tuple[str | None, str | None]) -> str:
+    return f"{scope[0] or '*'}/{'*' if scope[1] is None else scope[1]}"
+
+
+class Load:
+    """The steady backlog: bulk rows for the feeder, uploads XADDed as a producer does."""
+
+    def __init__(self, pool: db.Pool, client: aioredis.Redis, rig: Rig) -> None:
+        self.pool, self.client, self.stream = pool, client, f"{{{rig.tag}}}:photos"
+        self.rng = random.Random(7)
+
+    async def run(self) -> None:
+        tick = 0
+        while True:
+            if tick % 10 == 0:
+                await self.top_up()
+            await self.upload()
+            tick += 1
+            await asyncio.sleep(1 / UPLOADS_PER_S)
+
+    async def top_up(self) -> None:
+        for tenant in TENANTS:
+            left = await self.pool.fetchval(
+                "SELECT count(*) FROM photos WHERE lane = 'bulk' AND tenant = $1"
+                " AND processing_state IN ('uploaded', 'processing')", tenant)  # fmt: skip
+            await self.pool.execute(
+                "INSERT INTO photos (id, original_key, lane, tenant, cost)"
+                " SELECT gen_random_uuid(), $1, 'bulk', $2, 200000 FROM generate_series(1, $3)",
+                ORIGINAL, tenant, max(0, BULK_LEVEL - left))  # fmt: skip
+
+    async def upload(self) -> None:
+        photo_id = uuid.uuid4()
+        await self.pool.execute(
+            "INSERT INTO photos (id, original_key, lane, tenant, cost, enqueued_at)"
+            " VALUES ($1, $2, 'interactive', $3, 200000, now())",
+            photo_id, ORIGINAL, self.rng.choice(TENANTS))  # fmt: skip
+        await self.client.xadd(self.stream, task_fields(photo_id))  # type: ignore[arg-type]
+
+
+def action(verb: str) -> audit.Action:
+    return audit.Action(operator="bench", via="cli", action=verb, reason="bench")
+
+
+async def window(
+    pool: db.Pool, scope: tuple[str | None, str | None], since: float, seen: float, until: float
+) -> dict[str, Any]:
+    """The claims of `scope` in the second before `since` (its pause's start), from `since`
+    to `until`, and from `seen` (a moment after the commit) to `until`."""
+    before = await pool.fetchrow(CLAIMS_SQL, since - 1, since, *scope)
+    after = await pool.fetchrow(CLAIMS_SQL, since, until, *scope)
+    wrong = await pool.fetchrow(CLAIMS_SQL, seen, until, *scope)
+    late = 0.0 if after["last"] is None else after["last"] - since
+    return {"scope": label(scope), "since": since, "before": before["n"],
+            "after": after["n"], "wrong": wrong["n"], "late_s": late}  # fmt: skip
+
+
+def cli_scope(scope: tuple[str | None, str | None]) -> list[str]:
+    lane, tenant = scope
+    return [*(["--lane", lane] if lane else []), *(["--tenant", tenant] if tenant else [])]
+
+
+async def effective(pool: db.Pool, rig: Rig, count: int) -> list[dict[str, Any]]:
+    """Part 1: pauses through the command, each held HOLD_S, then resumed."""
+    found = []
+    for i in range(count):
+        scope = SCOPES[i % len(SCOPES)]
+        await asyncio.to_thread(rig.cli, "pause", *cli_scope(scope), "--reason", "bench")
+        since, seen = await pool.fetchrow(SINCE_SQL, *scope)
+        await asyncio.sleep(max(0.0, since + HOLD_S - await pool.fetchval(NOW_SQL)))
+        end = await pool.fetchval(NOW_SQL)
+        await pauses.resume(pool, action("resume"), scope)
+        found.append(await window(pool, scope, since, seen, end))
+        await asyncio.sleep(0.5)
+    return found
+
+
+async def cycles(pool: db.Pool, count: int) -> tuple[list[dict[str, Any]], int]:
+    """Part 2: quick cycles through the store calls; (the windows, the timed pauses)."""
+    rng, found, timed = random.Random(29), [], 0
+    for _ in range(count):
+        scope = rng.choice(SCOPES)
+        for_s = rng.uniform(0.2, 1.0) if rng.random() < 0.1 else None
+        row = await pauses.pause(pool, action("pause"), scope, for_s)
+        since, seen = row["since"].timestamp(), await pool.fetchval(NOW_SQL)
+        if for_s is None:
+            await asyncio.sleep(rng.uniform(0.05, 0.6))
+            end = await pool.fetchval(NOW_SQL)
+            await pauses.resume(pool, action("resume"), scope)
+        else:
+            timed += 1
+            end = row["until"].timestamp()
+            await asyncio.sleep(max(0.0, end - await pool.fetchval(NOW_SQL)))
+        found.append(await window(pool, scope, since, seen, end))
+        await asyncio.sleep(rng.uniform(0.0, 0.3))
+    return found, timed
+
+
+LEDGER_SQL = f"""
+SELECT p.id, p.processing_state AS state, p.renditions::text AS renditions,
+       (SELECT count(*) FROM photo_attempts a WHERE a.photo_id = p.id
+        AND a.outcome = 'published') AS published,
+       (SELECT count(*) FROM photo_attempts a WHERE a.photo_id = p.id
+        AND a.outcome IN {CLAIMS}) AS claims,
+       (SELECT attempt FROM photo_jobs j WHERE j.photo_id = p.id AND j.type = 'process')
+       AS attempts,
+       (SELECT count(*) FROM photo_events e WHERE e.photo_id = p.id
+        AND e.type = 'darkroom.photo.published') AS events
+FROM photos p
+"""
+UNFINISHED_SQL = "SELECT count(*) FROM photos WHERE processing_state <> 'processed'"
+
+
+async def drain(pool: db.Pool) -> float:
+    """Wait until every photo is processed (or DRAIN_S with no progress); seconds taken."""
+    started, last, moved = time.monotonic(), -1, time.monotonic()
+    while (left := await pool.fetchval(UNFINISHED_SQL)) and time.monotonic() - moved < DRAIN_S:
+        if left != last:
+            last, moved = left, time.monotonic()
+        await asyncio.sleep(1.0)
+    return time.monotonic() - started
+
+
+def objects(storage: Path) -> dict[str, set[str]]:
+    """The rendition objects in the storage folder, by photo."""
+    found: dict[str, set[str]] = {}
+    for path in (storage / "renditions").glob("*/*"):
+        found.setdefault(path.parent.name, set()).add(f"renditions/{path.parent.name}/{path.name}")
+    return found
+
+
+async def ledger(pool: db.Pool, rig: Rig, client: aioredis.Redis) -> dict[str, Any]:
+    """Part 2's verdict: each photo published exactly once, nothing else left."""
+    rows = await pool.fetch(LEDGER_SQL)
+    stored = objects(rig.tmp / "storage")
+    odd = [r for r in rows if not _once(r, stored.get(str(r["id"]), set()))]
+    streams = [f"{{{rig.tag}}}:photos", f"{{{rig.tag}}}:photos:bulk"]
+    pending = [(await client.xpending(s, "darkroom"))["pending"] for s in streams]
+    events = await pool.fetch("SELECT type, count(*) AS n FROM photo_events"
+                              " WHERE type LIKE 'darkroom.queue.%' GROUP BY type")  # fmt: skip
+    return {
+        "photos": len(rows), "odd": odd[:10], "odd_n": len(odd),
+        "stuck": sum(r["state"] != "processed" for r in rows),
+        "twice": sum(r["published"] > 1 or r["events"] > 1 for r in rows),
+        "extra_claims": sum(r["claims"] - 1 for r in rows if r["claims"] > 1),
+        "pending": sum(pending), "dead": await client.xlen(f"{{{rig.tag}}}:dead"),
+        "queue_events": {r["type"]: r["n"] for r in events},
+    }  # fmt: skip
+
+
+def _once(row: Any, stored: set[str]) -> bool:
+    referenced = set(keys_of(row["renditions"]))
+    return (row["state"] == "processed" and row["published"] == 1 and row["claims"] == 1
+            and row["attempts"] == 1 and row["events"] == 1
+            and bool(referenced) and stored == referenced)  # fmt: skip
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def hearing(rig: Rig, found: list[dict[str, Any]]) -> list[float]:
+    """For each pause, when the last of the workers heard of it (seconds after `since`)."""
+    heard = rig.heard()
+    waits = []
+    for item in found:
+        times = [next((t for t, now in lines if t >= item["since"] and item["scope"] in now),
+                      None) for lines in heard]  # fmt: skip
+        if all(t is not None for t in times):
+            waits.append(max(times) - item["since"])  # type: ignore[type-var]
+    return waits
+
+
+async def measure(args: argparse.Namespace, rig: Rig) -> dict[str, Any]:
+    pool = await db.connect(DATABASE_URL, 4)
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    target = rig.tmp / "storage" / ORIGINAL
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(PHOTO.read_bytes())
+    load = Load(pool, client, rig)
+    producer = asyncio.create_task(load.run())
+    for _ in range(WORKERS):
+        rig.worker()
+    while not await pool.fetchval("SELECT count(*) FROM photo_jobs"):  # noqa: ASYNC110
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(5.0)  # warm: every worker past its self-check, the feeder feeding
+    figures: dict[str, Any] = {"load_before": os.getloadavg()}
+    started = time.monotonic()
+    figures["effective"] = await effective(pool, rig, args.pauses)
+    figures["effective_s"] = time.monotonic() - started
+    started = time.monotonic()
+    figures["cycles"], figures["timed"] = await cycles(pool, args.cycles)
+    figures["cycles_s"] = time.monotonic() - started
+    figures["load_after"] = os.getloadavg()
+    producer.cancel()
+    await pauses.resume(pool, action("resume"), (None, None))
+    figures["drain_s"] = await drain(pool)
+    rig.stop_workers()
+    figures["heard"] = hearing(rig, figures["effective"])
+    figures["ledger"] = await ledger(pool, rig, client)
+    await client.aclose()
+    await pool.close()
+    return figures
+
+
+def report(f: dict[str, Any], args: argparse.Namespace) -> str:
+    late = [w["late_s"] for w in f["effective"]]
+    busy = sum(w["before"] > 0 for w in f["effective"])
+    quick = [w["late_s"] for w in f["cycles"]]
+    after = sum(w["after"] for w in f["effective"] + f["cycles"])
+    wrong = sum(w["wrong"] for w in f["effective"] + f["cycles"])
+    heard = f["heard"]
+    ledger = f["ledger"]
+    load = ", ".join(f"{x:.2f}" for x in f["load_after"])
+    lines = [
+        f"Pause and resume under load ({machine()}; at the end of the cycles {load}):",
+        f"{WORKERS} `darkroom run` workers (concurrency 2), tenants {', '.join(TENANTS)} with",
+        f"{BULK_LEVEL} bulk photos each kept unfinished and {UPLOADS_PER_S:g} uploads/s",
+        "(a 0.2 MP PNG each); scopes in turn: " + ", ".join(label(s) for s in SCOPES) + ".",
+        "",
+        "| figure | measured | target |",
+        "|---|---:|---:|",
+        f"| pauses through `darkroom pause`, each held {HOLD_S:g} s | {len(late)} "
+        f"({busy} with claims of the scope in the second before) | 100 |",
+        f"| last claim of the paused scope after the pause's start, p99 / max | "
+        f"{pct(late, 0.99):.3f} / {max(late):.3f} s | ≤ 1 s (p99) |",
+        f"| every worker heard of it (stops reading its lane), p50 / p99 / max | "
+        f"{_spread(heard)} | — |",
+        f"| pause/resume cycles through the store calls ({f['timed']} timed, ran out "
+        f"by themselves) | {len(quick)} in {f['cycles_s']:.0f} s | 1,000 |",
+        f"| last claim after the pause's start in those, p99 / max | "
+        f"{pct(quick, 0.99):.3f} / {max(quick):.3f} s | ≤ 1 s |",
+        f"| claims of a paused scope started after its pause's start (all pauses) | {after} | — |",
+        f"| … started after its commit was seen (a clock read after it) | {wrong} | 0 |",
+        f"| photos rendered | {ledger['photos']:,} | — |",
+        f"| photos not published exactly once (lost, stuck or duplicated) | "
+        f"{ledger['odd_n']} (stuck {ledger['stuck']}, twice {ledger['twice']}) | 0 |",
+        f"| claims beyond one per photo | {ledger['extra_claims']} | 0 |",
+        f"| entries left pending / dead letters | {ledger['pending']} / {ledger['dead']} | 0 / 0 |",
+        f"| drain after the last resume | {f['drain_s']:.0f} s | — |",
+    ]
+    events = ", ".join(f"{k} {v}" for k, v in sorted(ledger["queue_events"].items()))
+    lines += ["", f"Queue events: {events}.", "", NOTE]
+    return "\n".join(lines)
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    median = statistics.median(values)
+    return f"{median:.2f} / {pct(values, 0.99):.2f} / {max(values):.2f} s ({len(values)})"
+
+
+NOTE = """\
+A claim is a `photo_attempts` row a claim statement inserted (outcome running, published,
+retrying, failed, released or worker_died); its `started_at` is the claim's transaction
+start. A pause's `since` is its transaction's start, at or before its commit, so a claim
+that began between the two (and read no pause) counts as late: the figure is an upper
+bound. Photos are published exactly once when each has one `published` attempt, one claim,
+`attempt` 1 on its job, one `darkroom.photo.published` event, and its storage folder holds
+exactly the objects its row references. A paused tenant's interactive entry refused by the
+claim waits `DARKROOM_CLAIM_IDLE_MS` (30 s) to be looked at again: the drain includes it."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pauses", type=int, default=100)
+    parser.add_argument("--cycles", type=int, default=1000)
+    parser.add_argument("--smoke", action="store_true", help="10 pauses, 40 cycles")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if args.smoke:
+        args.pauses, args.cycles = 10, 40
+    drop = ["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists", DATABASE]
+    subprocess.run(drop, check=True)
+    asyncio.run(db.migrate(DATABASE_URL))
+    with tempfile.TemporaryDirectory() as tmp:
+        rig = Rig(Path(tmp))
+        try:
+            figures = asyncio.run(measure(args, rig))
+        finally:
+            rig.stop_workers()
+            client = redis.Redis.from_url(REDIS_URL)
+            client.delete(*client.keys(f"{{{rig.tag}}}:*") or ["-"])
+            client.close()
+    subprocess.run(drop, check=True)
+    body = report(figures, args)
+    print(body)
+    if figures["ledger"]["odd"]:
+        print("odd photos (first 10):", *figures["ledger"]["odd"], sep="\n", file=sys.stderr)
+    if args.out:
+        write_section(args.out, "pause", body)
+
+
+if __name__ == "__main__":
+    main()
