@@ -233,6 +233,14 @@ SELECT p.id, p.processing_state AS state, p.renditions::text AS renditions,
         AND e.type = 'darkroom.photo.published') AS events
 FROM photos p
 """
+# Queue events by type, a timed pause's apart (its `paused` names an `until`; its
+# `resumed`, written by whichever replica ended it, says `expired`).
+QUEUE_EVENTS_SQL = """
+SELECT type || CASE WHEN data->>'until' IS NOT NULL AND type LIKE '%.paused' THEN ' (timed)'
+                    WHEN (data->>'expired')::boolean THEN ' (expired)' ELSE '' END AS type,
+       count(*) AS n
+FROM photo_events WHERE type LIKE 'darkroom.queue.%' GROUP BY 1
+"""
 UNFINISHED_SQL = "SELECT count(*) FROM photos WHERE processing_state <> 'processed'"
 
 
@@ -261,8 +269,7 @@ async def ledger(pool: db.Pool, rig: Rig, client: aioredis.Redis) -> dict[str, A
     odd = [r for r in rows if not _once(r, stored.get(str(r["id"]), set()))]
     streams = [f"{{{rig.tag}}}:photos", f"{{{rig.tag}}}:photos:bulk"]
     pending = [(await client.xpending(s, "darkroom"))["pending"] for s in streams]
-    events = await pool.fetch("SELECT type, count(*) AS n FROM photo_events"
-                              " WHERE type LIKE 'darkroom.queue.%' GROUP BY type")  # fmt: skip
+    events = await pool.fetch(QUEUE_EVENTS_SQL)
     return {
         "photos": len(rows), "odd": odd[:10], "odd_n": len(odd),
         "stuck": sum(r["state"] != "processed" for r in rows),
@@ -339,6 +346,8 @@ def report(f: dict[str, Any], args: argparse.Namespace) -> str:
     ledger = f["ledger"]
     before, load = (", ".join(f"{x:.2f}" for x in f[k]) for k in ("load_before", "load_after"))
     lines = [
+        "## Pause and resume under load (bench/pause.py)",
+        "",
         f"Pause and resume under load ({machine().split('; load')[0]}; load average at the"
         f" start {before}, at the end of the cycles {load}):",
         f"{WORKERS} `darkroom run` workers (concurrency 2), tenants {', '.join(TENANTS)} with",
