@@ -47,9 +47,9 @@ import redis.asyncio as aioredis
 
 from darkroom.queue.messages import task_fields
 from darkroom.store import audit, db, pauses
-from darkroom.store.keys import keys_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pause_ledger import CLAIMS, drain, ledger
 from report import ROOT, machine, write_section
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -67,8 +67,6 @@ BULK_LEVEL = 100  # unfinished bulk photos kept per tenant
 INTERACTIVE_LEVEL = 30  # unfinished uploads kept (all tenants)
 TOP_UP_S, UPLOADS_PER_TOP_UP = 0.5, 4  # at most 8 uploads a second
 HOLD_S = 1.5
-DRAIN_S = 240.0
-CLAIMS = "('running', 'worker_died', 'published', 'retrying', 'failed', 'released')"
 # The claims of a scope started in [$1, $2): a lane pause holds the entry's stream's lane
 # (the attempt row's) and the photo's own.
 CLAIMS_SQL = f"""
@@ -221,72 +219,6 @@ async def cycles(pool: db.Pool, count: int) -> tuple[list[dict[str, Any]], int]:
     return found, timed
 
 
-LEDGER_SQL = f"""
-SELECT p.id, p.processing_state AS state, p.renditions::text AS renditions,
-       (SELECT count(*) FROM photo_attempts a WHERE a.photo_id = p.id
-        AND a.outcome = 'published') AS published,
-       (SELECT count(*) FROM photo_attempts a WHERE a.photo_id = p.id
-        AND a.outcome IN {CLAIMS}) AS claims,
-       (SELECT attempt FROM photo_jobs j WHERE j.photo_id = p.id AND j.type = 'process')
-       AS attempts,
-       (SELECT count(*) FROM photo_events e WHERE e.photo_id = p.id
-        AND e.type = 'darkroom.photo.published') AS events
-FROM photos p
-"""
-# Queue events by type, a timed pause's apart (its `paused` names an `until`; its
-# `resumed`, written by whichever replica ended it, says `expired`).
-QUEUE_EVENTS_SQL = """
-SELECT type || CASE WHEN data->>'until' IS NOT NULL AND type LIKE '%.paused' THEN ' (timed)'
-                    WHEN (data->>'expired')::boolean THEN ' (expired)' ELSE '' END AS type,
-       count(*) AS n
-FROM photo_events WHERE type LIKE 'darkroom.queue.%' GROUP BY 1
-"""
-UNFINISHED_SQL = "SELECT count(*) FROM photos WHERE processing_state <> 'processed'"
-
-
-async def drain(pool: db.Pool) -> float:
-    """Wait until every photo is processed (or DRAIN_S with no progress); seconds taken."""
-    started, last, moved = time.monotonic(), -1, time.monotonic()
-    while (left := await pool.fetchval(UNFINISHED_SQL)) and time.monotonic() - moved < DRAIN_S:
-        if left != last:
-            last, moved = left, time.monotonic()
-        await asyncio.sleep(1.0)
-    return time.monotonic() - started
-
-
-def objects(storage: Path) -> dict[str, set[str]]:
-    """The rendition objects in the storage folder, by photo."""
-    found: dict[str, set[str]] = {}
-    for path in (storage / "renditions").glob("*/*"):
-        found.setdefault(path.parent.name, set()).add(f"renditions/{path.parent.name}/{path.name}")
-    return found
-
-
-async def ledger(pool: db.Pool, rig: Rig, client: aioredis.Redis) -> dict[str, Any]:
-    """Part 2's verdict: each photo published exactly once, nothing else left."""
-    rows = await pool.fetch(LEDGER_SQL)
-    stored = objects(rig.tmp / "storage")
-    odd = [r for r in rows if not _once(r, stored.get(str(r["id"]), set()))]
-    streams = [f"{{{rig.tag}}}:photos", f"{{{rig.tag}}}:photos:bulk"]
-    pending = [(await client.xpending(s, "darkroom"))["pending"] for s in streams]
-    events = await pool.fetch(QUEUE_EVENTS_SQL)
-    return {
-        "photos": len(rows), "odd": odd[:10], "odd_n": len(odd),
-        "stuck": sum(r["state"] != "processed" for r in rows),
-        "twice": sum(r["published"] > 1 or r["events"] > 1 for r in rows),
-        "extra_claims": sum(r["claims"] - 1 for r in rows if r["claims"] > 1),
-        "pending": sum(pending), "dead": await client.xlen(f"{{{rig.tag}}}:dead"),
-        "queue_events": {r["type"]: r["n"] for r in events},
-    }  # fmt: skip
-
-
-def _once(row: Any, stored: set[str]) -> bool:
-    referenced = set(keys_of(row["renditions"]))
-    return (row["state"] == "processed" and row["published"] == 1 and row["claims"] == 1
-            and row["attempts"] == 1 and row["events"] == 1
-            and bool(referenced) and stored == referenced)  # fmt: skip
-
-
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
@@ -330,7 +262,7 @@ async def measure(args: argparse.Namespace, rig: Rig) -> dict[str, Any]:
     figures["drain_s"] = await drain(pool)
     rig.stop_workers()
     figures["heard"] = hearing(rig, figures["effective"])
-    figures["ledger"] = await ledger(pool, rig, client)
+    figures["ledger"] = await ledger(pool, client, rig.tmp / "storage", rig.tag)
     await client.aclose()
     await pool.close()
     return figures
