@@ -92,7 +92,7 @@ pytest: $(STAMP) services /usr/bin/chromium $(PROMTOOL) examples/node/node_modul
 test: lint imports typecheck pytest
 
 # 3 workers, 520 photos, SIGKILL/SIGSTOP/Redis restart/PG and S3 faults (docs/reliability.md),
-# then ten times the interleaving test's schedules of `make test`.
+# the failover test, the traces under SIGKILLs and a Redis restart (docs/tracing.md), then ten times the interleaving test's schedules of `make test`.
 chaos: $(STAMP) services
 	@$(COMPILE)
 	$(BIN)/pytest -m chaos -s tests/chaos
@@ -101,8 +101,8 @@ chaos: $(STAMP) services
 # Each bench script rewrites only its own section of docs/benchmarks.md: add scripts here.
 BENCH_SCRIPTS := bench/render.py bench/pool.py bench/e2e.py bench/sweep.py bench/pages.py bench/history.py \
                  bench/events.py bench/hdr.py bench/limit.py bench/capacity.py bench/lanes.py \
-                 bench/fairness.py bench/intake.py bench/flat.py bench/limits.py bench/quality.py \
-                 bench/tracing.py bench/pause.py
+                 bench/fairness.py bench/intake.py bench/flat.py bench/limits.py bench/bulk.py bench/quality.py \
+                 bench/avif.py bench/tracing.py bench/pause.py
 BENCH_STAMP   := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): pyproject.toml uv.lock $(STAMP)

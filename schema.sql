@@ -240,7 +240,8 @@ CREATE TABLE IF NOT EXISTS photo_events (
     type         text        NOT NULL CONSTRAINT photo_events_type_check CHECK (type IN (
         'darkroom.photo.published', 'darkroom.photo.failed',
         'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
-        'darkroom.queue.paused', 'darkroom.queue.resumed', 'darkroom.photo.erased')),
+        'darkroom.queue.paused', 'darkroom.queue.resumed', 'darkroom.photo.erased',
+        'darkroom.photo.upgraded')),
     data         jsonb       NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
     published_at timestamptz
@@ -446,7 +447,8 @@ ALTER TABLE photo_events DROP CONSTRAINT IF EXISTS photo_events_type_check;
 ALTER TABLE photo_events ADD CONSTRAINT photo_events_type_check CHECK (type IN (
     'darkroom.photo.published', 'darkroom.photo.failed',
     'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
-    'darkroom.queue.paused', 'darkroom.queue.resumed', 'darkroom.photo.erased')) NOT VALID;
+    'darkroom.queue.paused', 'darkroom.queue.resumed', 'darkroom.photo.erased',
+    'darkroom.photo.upgraded')) NOT VALID;
 -- A trail made before timed pauses ended themselves: its check admits `timer`, the
 -- automatic resume's `via`, from now on (NOT VALID: the rows there are checked already).
 ALTER TABLE operator_actions DROP CONSTRAINT IF EXISTS operator_actions_via_check;
@@ -495,3 +497,16 @@ BEGIN
     END IF;
 END $$;
 -- ---- end of erasure -----------------------------------------------------------------------
+
+-- ---- upgrades -----------------------------------------------------------------------------
+-- Deferred renditions (AVIF by default, or `:defer`; store/upgrading.py): an interactive
+-- photo's publish that left some out sets `upgrade_requested_at`; a bulk-lane delivery then
+-- claims the job (CLAIM_SQL: a processed photo with an upgrade requested is not finished for
+-- a bulk entry), renders them, and its fenced upgrade adds them to the manifest and clears
+-- it. Any publish of the photo sets or clears it with the renditions it writes.
+ALTER TABLE photos ADD COLUMN IF NOT EXISTS upgrade_requested_at timestamptz;
+-- the sweep's look for upgrades whose entry was never added (a worker gone between its
+-- publish and the XADD): only the few photos with one requested
+CREATE INDEX IF NOT EXISTS photos_upgrade_due_idx ON photos (upgrade_requested_at, id)
+    WHERE upgrade_requested_at IS NOT NULL AND processing_state = 'processed';
+-- ---- end of upgrades ----------------------------------------------------------------------

@@ -1,15 +1,21 @@
 """What tracing costs: end-to-end CPU per photo with tracing off and at 100 % sampling.
 
     .venv/bin/python bench/tracing.py [--out docs/benchmarks.md] [--tiny 300] [--large 24]
-                                      [--rounds 3]
+                                      [--rounds 4]
 
 Real `darkroom run --drain` workers (bench/e2e.py's rig) against a database of its own,
-`darkroom_bench_tracing`, on tiny 64×48 PNGs (where a fixed per-photo cost shows most) and on
-the corpus's large JPEGs. Off: no OTLP endpoint. On: every photo traced
-(OTEL_TRACES_SAMPLER=always_on, its render stages too), exported to a loopback OTLP/HTTP
-receiver in this process that reads each batch and discards it. Off and on alternate,
-`--rounds` times each; the figure is CPU ms per photo of the worker, its forkserver and its
-render processes (CPU, unlike photos/s, is not inflated by other load on a shared machine).
+`darkroom_bench_tracing`, on the same photos each drain: tiny 64×48 PNGs (where a fixed
+per-photo cost shows most) and the corpus's large JPEGs. Off: no OTEL_* variable at all. On:
+every photo traced (OTEL_TRACES_SAMPLER=always_on, its render stages too), exported over
+OTLP/HTTP to a loopback receiver in this process that decodes every batch's protobuf
+(tests/otlp.py), as a collector would. Off and on alternate (off, on, on, off, off, on...),
+`--rounds` drains each; the figures are medians of CPU ms per photo of the worker, its
+forkserver and its render processes (CPU, unlike photos/s, is barely inflated by other load
+on a shared machine), with photos/s beside. The off drains split in two interleaved halves
+(1st, 3rd... against 2nd, 4th...) give an off-against-off difference: the noise floor, what
+the bench cannot resolve. What off adds over no tracing at all is measured apart: the
+adapter's no-op calls a delivery makes, timed in this process, and the trace SDK modules a
+worker that drained off imported (none).
 """
 
 from __future__ import annotations
@@ -20,17 +26,21 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+import timeit
 from pathlib import Path
 from typing import Any
 
 from e2e import PR_SET_CHILD_SUBREAPER, Rig, Run, large_jpegs, tiny_pngs
-from report import machine, write_section
+from report import ROOT, machine, write_section
+
+sys.path.insert(0, str(ROOT))
+
+from tests.otlp import Receiver, serving
 
 DATABASE = "darkroom_bench_tracing"
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+SDK_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter", "opentelemetry.propagat")
 
 
 class TracingRig(Rig):
@@ -47,71 +57,140 @@ class TracingRig(Rig):
         self.cli("bench-tracing", "migrate")
 
 
-class Discard(BaseHTTPRequestHandler):
-    """An OTLP/HTTP receiver that reads each export and answers 200 with an empty reply."""
-
-    exports = 0
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        Discard.exports += 1
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@contextmanager
-def receiver() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Discard)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def traced(endpoint: str) -> dict[str, str]:
     return {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_TRACES_SAMPLER": "always_on"}
 
 
-def off_on(rig: Rig, paths: list[Path], rounds: int, endpoint: str) -> dict[str, list[Run]]:
+def off_on(rig: Rig, paths: list[Path], rounds: int, got: Receiver) -> dict[str, list[Run]]:
+    """ABBA order: each mode goes first in half the pairs, so a drift in load favours neither."""
     runs: dict[str, list[Run]] = {"off": [], "on": []}
-    settings = {"off": {}, "on": traced(endpoint)}
+    settings = {"off": {}, "on": traced(got.endpoint)}
     for i in range(rounds):
         for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
-            runs[mode].append(rig.drain(paths, **settings[mode]))
-            run = runs[mode][-1]
-            print(f"  {mode}: {run.cpu_ms / run.photos:.1f} CPU ms/photo", file=sys.stderr)
+            before = got.exports, got.export_bytes
+            run = rig.drain(paths, **settings[mode])
+            runs[mode].append(run)
+            kb = (got.export_bytes - before[1]) / 1024 / run.photos
+            exports = got.exports - before[0]
+            print(f"  {mode}: {run.cpu_ms / run.photos:.1f} CPU ms/photo, {run.per_s:.1f}/s, "
+                  f"{exports} exports, {kb:.1f} KiB/photo", file=sys.stderr)  # fmt: skip
     return runs
 
 
+def cpu_per_photo(runs: list[Run]) -> float:
+    return statistics.median(r.cpu_ms / r.photos for r in runs)
+
+
+def percent(a: float, b: float) -> str:
+    return f"{b - a:+.1f} ({100 * (b - a) / a:+.1f} %)"
+
+
 def row(name: str, runs: dict[str, list[Run]]) -> str:
-    off, on = (statistics.median(r.cpu_ms / r.photos for r in runs[m]) for m in ("off", "on"))
+    off, on = cpu_per_photo(runs["off"]), cpu_per_photo(runs["on"])
+    floor = percent(cpu_per_photo(runs["off"][0::2]), cpu_per_photo(runs["off"][1::2]))
     per_s = {m: statistics.median(r.per_s for r in runs[m]) for m in ("off", "on")}
-    change = f"{on - off:+.1f} ({100 * (on - off) / off:+.1f} %)"
-    return (f"| {name} | {runs['off'][0].photos} | {off:.1f} | {on:.1f} | {change} "
-            f"| {per_s['off']:.1f} | {per_s['on']:.1f} |")  # fmt: skip
+    return (f"| {name} | {runs['off'][0].photos} | {off:.1f} | {on:.1f} | {percent(off, on)} "
+            f"| {floor} | {per_s['off']:.1f} | {per_s['on']:.1f} "
+            f"| {percent(per_s['off'], per_s['on']).split(' ', 1)[1]} |")  # fmt: skip
 
 
-def report(results: dict[str, dict[str, list[Run]]], rounds: int, note: str) -> str:
+def one_delivery() -> Any:
+    """The adapter's calls one tiny photo's delivery makes: its process span, the stage
+    spans, the render process's stages (a tiny PNG's: decode, three encodes, two resizes,
+    the facts), the notes, an exemplar and a log line's ids."""
+    from darkroom import tracing
+    from darkroom.image.stagetimes import Stage
+    from darkroom.queue.messages import Entry
+
+    entry = Entry("1-0", {"photo_id": "p", "traceparent": PARENT})
+    stages = [Stage(n, 1, 2, r) for n, r in (("decode", ""), ("encode", "large"),
+              ("resize", "medium"), ("encode", "medium"), ("resize", "thumb"),
+              ("encode", "thumb"), ("facts", ""))]  # fmt: skip
+
+    def delivery() -> None:
+        with tracing.delivery(entry, 1, "s", "g"):
+            for name in ("claim", "download", "render", "upload", "publish", "ack"):
+                with tracing.span(name):
+                    tracing.note(attempt=1)
+                    if name == "render":
+                        tracing.rendered(stages)
+            tracing.note(outcome="published")
+            tracing.exemplar()
+            tracing.log_ids(None, "info", {})
+
+    return delivery
+
+
+def per_delivery_us(delivery: Any, runs: int = 5_000) -> float:
+    return min(timeit.repeat(delivery, number=runs, repeat=5, timer=time.process_time)) / runs * 1e6
+
+
+def on_path_us() -> tuple[float, float]:
+    """With the SDK on, in this process: CPU µs a delivery's spans take to make, and to
+    encode as the OTLP exporter does (protobuf), without the HTTP round trip. The spans go
+    to memory (no export thread to count or miss). Tracing's switch is set by hand: `start`
+    would install the batch exporter this measure leaves out."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from darkroom import tracing
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracing._tracer = provider.get_tracer("darkroom")
+    try:
+        made = per_delivery_us(one_delivery(), runs=2_000)
+    finally:
+        tracing._tracer = None
+    spans = memory.get_finished_spans()[-15:]  # one delivery's
+    encoded = per_delivery_us(lambda: encode_spans(spans).SerializeToString(), runs=2_000)
+    return made, encoded
+
+
+def off_path_us() -> float:
+    """The same calls with tracing off, in µs: what off adds to a worker over one without
+    the adapter."""
+    from darkroom import tracing
+
+    assert not tracing.on()
+    return per_delivery_us(one_delivery(), runs=20_000)
+
+
+def sdk_imported_off(rig: TracingRig, paths: list[Path]) -> list[str]:
+    """The trace SDK's modules a worker draining with tracing off imported (`-X importtime`)."""
+    rig.runs += 1
+    stream = f"bench-tracing-imports-{rig.runs}"
+    rig.cli(stream, "ingest", *map(str, paths))
+    command = [sys.executable, "-X", "importtime", "-m", "darkroom", "run", "--drain"]
+    result = subprocess.run(command, env=rig.environ(stream), cwd=rig.tmp, capture_output=True,
+                            text=True, check=True)  # fmt: skip
+    names = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+             if line.startswith("import time:")]  # fmt: skip
+    assert "darkroom.tracing" in names, "-X importtime listed no module: its format changed?"
+    return sorted({n for n in names if n.startswith(SDK_MODULES)})
+
+
+def report(results: dict[str, dict[str, list[Run]]], rounds: int, extra: list[str]) -> str:
     lines = [
         "## Tracing cost (bench/tracing.py)",
         "",
         f"- {machine()}",
-        f"- one `darkroom run --drain` worker per drain; tracing off (no endpoint) and on "
-        f"(100 % sampling, render stages too, exported to a loopback OTLP receiver that "
-        f"discards) alternate, {rounds} drains each; medians. CPU is the worker's, its "
-        f"forkserver's and its render processes' (a traced worker's start-up imports "
-        f"included, spread over the drain's photos)",
+        f"- one `darkroom run --drain` worker per drain, the same photos each time; tracing off "
+        f"(no OTEL_* variable) and on (100 % sampling, render stages too, exported over "
+        f"OTLP/HTTP to a loopback receiver that decodes every batch) alternate ABBA, {rounds} "
+        f"drains each; medians. CPU is the worker's, its forkserver's and its render "
+        f"processes' (a traced worker's start-up imports included, spread over the drain's "
+        f"photos; the receiver's decoding, a collector's work, is not). Noise floor: the off "
+        f"drains' odd against even ones",
+        *[f"- {line}" for line in extra],
+        "",
+        "| photos | count | CPU ms/photo off | on | on − off | noise floor (off − off) "
+        "| photos/s off | on | change |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    lines += [f"- {note}"] if note else []
-    lines += ["", "| photos | count | CPU ms/photo off | on | difference | photos/s off | on |",
-              "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     lines += [row(name, runs) for name, runs in results.items()]
     return "\n".join([*lines, ""])
 
@@ -121,11 +200,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the tracing section of this report")
     parser.add_argument("--tiny", type=int, default=300, help="tiny PNGs per drain")
     parser.add_argument("--large", type=int, default=24, help="large JPEGs per drain")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4, help="drains per mode and workload")
     parser.add_argument("--note", default="", help="a line for the report (e.g. a smoke run)")
     args = parser.parse_args()
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1)  # count the render processes' CPU
-    with tempfile.TemporaryDirectory(prefix="darkroom-bench-tracing-") as name, receiver() as url:
+    with (
+        tempfile.TemporaryDirectory(prefix="darkroom-bench-tracing-") as name,
+        serving(keep=False) as got,
+    ):
         rig = TracingRig(Path(name))
         rig.setup()
         inputs = {"tiny 64×48 PNG": tiny_pngs(Path(name) / "tiny", args.tiny),
@@ -133,10 +215,25 @@ def main() -> None:
         results = {}
         for label, paths in inputs.items():
             print(label, file=sys.stderr)
-            results[label] = off_on(rig, paths, args.rounds, url)
-    if Discard.exports == 0:
+            results[label] = off_on(rig, paths, args.rounds, got)
+        imported = sdk_imported_off(rig, inputs["tiny 64×48 PNG"][:5])
+    if got.exports == 0:
         raise SystemExit("the traced workers exported nothing: tracing did not start")
-    body = report(results, args.rounds, args.note)
+    tiny_off = cpu_per_photo(results["tiny 64×48 PNG"]["off"])
+    us = off_path_us()
+    made, encoded = on_path_us()
+    extra = [
+        f"off against no tracing at all: a delivery's no-op calls into the adapter take "
+        f"{us:.1f} µs of CPU ({100 * us / 1000 / tiny_off:.3f} % of a tiny photo's "
+        f"{tiny_off:.1f} ms); a worker that drained off imported "
+        f"{', '.join(imported) or 'no module'} of the trace SDK, exporter or propagator",
+        f"at 100 %, in-process: a tiny photo's delivery's 15 spans take {made:.0f} µs of CPU to "
+        f"make and {encoded:.0f} µs to encode as OTLP protobuf "
+        f"({100 * (made + encoded) / 1000 / tiny_off:.1f} % of its {tiny_off:.1f} ms; the HTTP "
+        f"round trip per batch and the start-up imports aside)",
+        f"on exported {got.exports} batches, {got.export_bytes / 1024:.0f} KiB of protobuf",
+    ]
+    body = report(results, args.rounds, extra + ([args.note] if args.note else []))
     print(body)
     if args.out:
         write_section(args.out, "tracing", body)

@@ -34,8 +34,8 @@ from darkroom.jobs import Jobs
 from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import Entry
 from darkroom.queue.streams import Streams
-from darkroom.settings import Settings
-from darkroom.store import db, leases, probe, publishing
+from darkroom.settings import RenditionSpec, Settings
+from darkroom.store import db, leases, probe, publishing, upgrading
 from darkroom.store.storage import FileStorage, Upload
 from tests.conftest import REDIS_URL
 from tests.faults import FakeClock
@@ -48,9 +48,11 @@ CHECKPOINTED = {
     "record_retry": leases,
     "record_failure": leases,
     "record_rerender_failure": leases,
+    "publish_upgrade": upgrading,
+    "record_upgrade_failure": upgrading,
 }
 # Writes that end a run of the photo (each commits exactly one final event).
-FINISHING = {"publish", "record_failure", "record_rerender_failure"}
+FINISHING = {"publish", "record_failure", "record_rerender_failure", "publish_upgrade"}
 
 RUN: contextvars.ContextVar[Run | None] = contextvars.ContextVar("interleave_run", default=None)
 
@@ -173,29 +175,34 @@ class Hand:
 
 
 class StandInRenderer:
-    """A render of one small rendition whose bytes name the worker and count its renders:
-    two workers' renders of one photo differ, so they go to different keys."""
+    """A render of each rendition asked for, tiny, whose bytes name the worker, count its
+    renders and name the grant of the claim it renders under: two workers' renders of one
+    photo differ, so they go to different keys."""
 
     def __init__(self, name: str) -> None:
         self.name, self.count = name, itertools.count(1)
         self.budget = MemoryBudget(1)  # the worker watches it (metrics); nothing waits here
 
-    async def render(self, original: bytes, specs: object, **_: Any) -> RenderResult:
+    async def render(self, original: bytes, specs: list[RenditionSpec], **_: Any) -> RenderResult:
         run = RUN.get()
         if run is not None:
             await run.checkpoint("render")
             error, run.render_error = run.render_error, None
             if error is not None:
                 raise error(f"{self.name}: render failed (scheduled)")
-        data = f"{self.name}:{next(self.count)}:{len(original)}".encode()
-        rendition = Rendered("small", "webp", "webp", 4, 3, data, hashlib.sha256(data).hexdigest())
-        return RenderResult(Facts("jpeg", 4, 3), [rendition])
+        made = f"{self.name}:{next(self.count)}:{len(original)}:g{run.grant if run else 0}"
+        return RenderResult(Facts("jpeg", 4, 3), [_stand_in(made, spec) for spec in specs])
 
     async def __aenter__(self) -> StandInRenderer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+def _stand_in(made: str, spec: RenditionSpec) -> Rendered:
+    data = f"{made}:{spec.format}".encode()
+    return Rendered(spec.name, spec.format, spec.ext, 4, 3, data, hashlib.sha256(data).hexdigest())
 
 
 REFERENCED_SQL = """
@@ -280,13 +287,17 @@ def accepted_by(call: str, result: Any) -> bool:
         return bool(result == "failed")
     if call == "record_rerender_failure":
         return bool(result != "not_recorded")
+    if call == "publish_upgrade":
+        return bool(result.status == "upgraded")
     return bool(result)
 
 
 def token_of(call: str, args: tuple[Any, ...]) -> int:
-    """The fencing token a write carries: publish's (token, entry) lease, else its first
+    """The fencing token a write carries: a publish's (token, entry) lease, else its first
     argument after the photo."""
-    return int(args[2][0] if call == "publish" else args[0])
+    if call in ("publish", "publish_upgrade"):
+        return int(args[2 if call == "publish" else 1][0])
+    return int(args[0])
 
 
 def checkpointed(call: str, real: Callable[..., Awaitable[Any]]) -> Any:

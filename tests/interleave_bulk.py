@@ -71,7 +71,8 @@ class BulkRules:
         run = bulk.Run(action, plan, limit=limit)
         total, _ = await bulk.begin(self.rig.pool, run)
         run.plan = _Counted(plan.verb, plan.where, plan.to_lane, plan.to_tenant,
-                            self.bulk_acts, self.ledger, run.action.action_id)  # fmt: skip
+                            acts=self.bulk_acts, ledger=self.ledger,
+                            action_id=run.action.action_id)  # fmt: skip
         complete = await bulk.execute(
             self.rig.pool, self.op, run, Progress(total, verb, io.StringIO())
         )

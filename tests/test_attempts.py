@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from darkroom.store import db, leases
+from darkroom.store import db, failures, leases
 
 MAX = 2
 
@@ -111,7 +111,7 @@ async def test_the_cap_is_checked_before_work_from_postgres(pool: db.Pool) -> No
     assert (refused.outcome, refused.attempt) == ("exhausted", MAX + 1)
     taken = await job(pool, photo_id)
     assert (taken["attempt"], taken["consumer"], taken["state"]) == (MAX + 1, "w3", "active")
-    failed = await leases.record_failure(
+    failed = await failures.record_failure(
         pool, photo_id, refused.token, "1-0", "attempts_exhausted", "x"
     )
     assert failed == "failed"
@@ -154,8 +154,8 @@ async def test_the_transient_streak_outlives_claims_and_ends_with_an_outcome(
     age_s = await leases.transient_streak_s(pool, photo_id, b.token, restart=False)
     assert age_s is not None and 100 <= age_s < 110
     assert await leases.transient_streak_s(pool, photo_id, b.token, restart=True) == 0
-    assert not await leases.record_retry(pool, photo_id, a.token, "timeout", "x", 1000)
-    assert await leases.record_retry(pool, photo_id, b.token, "timeout", "slow", 1000)
+    assert not await failures.record_retry(pool, photo_id, a.token, "timeout", "x", 1000)
+    assert await failures.record_retry(pool, photo_id, b.token, "timeout", "slow", 1000)
     assert (await job(pool, photo_id))["transient_since"] is None
 
 
@@ -244,12 +244,12 @@ async def test_a_stale_rerender_failure_leaves_the_entry_to_its_new_owner(
     old = await leases.claim(pool, photo_id, "1-0", "w1", lease("A"))
     await expire(pool, photo_id)
     new = await leases.claim(pool, photo_id, "1-0", "w2", lease("B"))
-    failed = await leases.record_failure(pool, photo_id, old.token, "1-0", "timeout", "x")
+    failed = await failures.record_failure(pool, photo_id, old.token, "1-0", "timeout", "x")
     assert failed == "finished"
-    rerender = await leases.record_rerender_failure(pool, photo_id, old.token, "timeout", "x")
+    rerender = await failures.record_rerender_failure(pool, photo_id, old.token, "timeout", "x")
     assert rerender == "not_recorded"
     assert await leases.rerender_held_elsewhere(pool, photo_id, old.token, "1-0")
     assert not await leases.rerender_held_elsewhere(pool, photo_id, new.token, "1-0")
     assert not await leases.rerender_held_elsewhere(pool, photo_id, old.token, "2-0")
-    await leases.record_retry(pool, photo_id, new.token, "timeout", "slow", 1000)
+    await failures.record_retry(pool, photo_id, new.token, "timeout", "slow", 1000)
     assert await leases.rerender_held_elsewhere(pool, photo_id, old.token, "1-0"), "pending"

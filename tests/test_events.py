@@ -27,7 +27,7 @@ from darkroom.operate import events as events_command
 from darkroom.operate.web import live
 from darkroom.queue.eventstream import EventStream
 from darkroom.relay import IDLE_PASS_S, PASS_GAP_S, Relay
-from darkroom.store import db, duties, leases, outbox, publishing
+from darkroom.store import db, duties, failures, leases, outbox, publishing
 from tests.conftest import PHOTOS, REDIS_URL, Env
 
 FACTS = {"width": 40, "height": 30, "format": "jpeg", "bytes": 99, "camera_make": "Fuji",
@@ -128,10 +128,10 @@ async def test_every_terminal_outcome_is_one_cloudevent_with_the_photo_row(box: 
     lease = await rerender_claimed(box.pool, first)
     await publishing.publish(box.pool, first, FACTS, json.dumps(RENDITIONS), lease)
     failed, token = await claimed(box.pool)
-    recorded = await leases.record_failure(box.pool, failed, token, "1-0", "corrupt_image", "bad")
+    recorded = await failures.record_failure(box.pool, failed, token, "1-0", "corrupt_image", "bad")
     assert recorded == "failed"
     token, _ = await rerender_claimed(box.pool, first)
-    rerender = await leases.record_rerender_failure(box.pool, first, token, "timeout", "slow")
+    rerender = await failures.record_rerender_failure(box.pool, first, token, "timeout", "slow")
     assert rerender == "answered"
     await box.batch(box.relay())
     events = await box.entries()
@@ -159,7 +159,7 @@ async def test_a_rolled_back_publish_leaves_no_event_and_no_notification(box: Ou
             await tx.start()
             row = await conn.fetchrow(publishing.PUBLISH_SQL, photo_id, 1, 1, "jpeg", 1, "[]",
                                       *[None] * len(publishing.FACT_COLUMNS), *[None] * 5,
-                                      token, "1-0", None, None)  # fmt: skip
+                                      token, "1-0", None, None, False)  # fmt: skip
             assert row is not None and row["status"] == "published"
             assert await box.rows() == []  # not visible before the commit
             await tx.rollback()
@@ -176,7 +176,7 @@ async def test_an_outcome_that_changes_nothing_writes_no_event(box: Outbox) -> N
     first = await publishing.publish(box.pool, photo_id, FACTS, json.dumps(RENDITIONS), lease)
     assert first.status == "published"
     assert (await publishing.publish(box.pool, photo_id, FACTS, "[]", lease)).status == "already"
-    stale = await leases.record_failure(box.pool, photo_id, token, "1-0", "timeout", "x")
+    stale = await failures.record_failure(box.pool, photo_id, token, "1-0", "timeout", "x")
     assert stale == "finished"
     assert [r["type"] for r in await box.rows()] == ["darkroom.photo.published"]
 

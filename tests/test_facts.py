@@ -379,7 +379,7 @@ def test_rerender_replaces_renditions_without_unpublishing(file_env: Env) -> Non
     file_env.cli("run", "--drain")
     before = _row(file_env, photo_id)
     file_env.query("UPDATE photos SET thumbhash = NULL, camera_make = NULL WHERE id = $1", photo_id)
-    new = "small:200:webp:70,big:800:avif:50"
+    new = "small:200:webp:70,big:800:avif:50:inline"
     out = file_env.cli("enqueue", "--rerender", str(photo_id)).stdout
     assert out.split()[0] == str(photo_id)
     worker = file_env.start("run", DARKROOM_RENDITIONS=new)

@@ -16,7 +16,7 @@ import structlog
 from darkroom.errors import CorruptImageError, RenderTimeoutError
 from darkroom.queue.messages import Entry, Task, task_fields
 from darkroom.queue.streams import Streams
-from darkroom.store import db, intake, leases, publishing, views
+from darkroom.store import db, failures, intake, leases, publishing, views
 from darkroom.store import lanes as store_lanes
 from darkroom.worker import Worker
 from tests import test_worker_inprocess
@@ -77,12 +77,12 @@ async def test_a_holder_that_froze_past_its_lease_cannot_publish_over_its_succes
     real, statuses = publishing.publish, {}
     b_claimed, a_refused = anyio.Event(), anyio.Event()
 
-    async def frozen_a(pool: Any, pid: Any, facts: Any, rend: Any, lease: Any, att: Any) -> Any:
+    async def frozen_a(pool: Any, pid: Any, facts: Any, rend: Any, lease: Any, *more: Any) -> Any:
         if lease[0] == 1:  # A, waking after its freeze: B holds the entry by now
             await b_claimed.wait()
         if lease[0] == 2:
             await a_refused.wait()
-        published = await real(pool, pid, facts, rend, lease, att)
+        published = await real(pool, pid, facts, rend, lease, *more)
         statuses[lease[0]] = published.status
         if lease[0] == 1:
             a_refused.set()
@@ -172,7 +172,7 @@ async def test_a_failed_bulk_rerender_leaves_nothing_in_flight(database_url: str
         async with pool.acquire() as conn:
             assert await intake.in_flight(conn) == {"acme": 1}
         claim = await leases.claim(pool, photo_id, "2-0", "w1", LONG)
-        failed = await leases.record_rerender_failure(pool, photo_id, claim.token, "timeout", "x")
+        failed = await failures.record_rerender_failure(pool, photo_id, claim.token, "timeout", "x")
         assert failed == "answered"
         async with pool.acquire() as conn:
             assert await intake.in_flight(conn) == {}
@@ -280,11 +280,11 @@ async def test_a_stale_publish_leaves_an_entry_its_successor_set_back_for_a_retr
     photo_id, entry = await one_photo(a)
     real = publishing.publish
 
-    async def frozen(pool: Any, pid: Any, facts: Any, rend: Any, lease: Any, att: Any) -> Any:
+    async def frozen(pool: Any, pid: Any, facts: Any, rend: Any, lease: Any, *more: Any) -> Any:
         await expire_and_reclaim(a, entry)
         b = await leases.claim(a.pool, photo_id, entry.id, "w2", leases.Lease("B", 60_000, 5))
-        assert await leases.record_retry(a.pool, photo_id, b.token, "render_timeout", "x", 60_000)
-        return await real(pool, pid, facts, rend, lease, att)
+        assert await failures.record_retry(a.pool, photo_id, b.token, "render_timeout", "x", 60_000)
+        return await real(pool, pid, facts, rend, lease, *more)
 
     monkeypatch.setattr(publishing, "publish", frozen)
     assert a.in_flight.admit(entry.id)
@@ -312,7 +312,7 @@ async def test_a_stale_rerender_failure_leaves_an_entry_its_successor_set_back(
     assert (await a.jobs._claim(rerender, Task(photo_id))).outcome == "claimed"
     await expire_and_reclaim(a, rerender)
     b = await leases.claim(a.pool, photo_id, rerender.id, "w2", leases.Lease("B", 60_000, 5))
-    assert await leases.record_retry(a.pool, photo_id, b.token, "render_timeout", "x", 60_000)
+    assert await failures.record_retry(a.pool, photo_id, b.token, "render_timeout", "x", 60_000)
     await a.jobs._fail(rerender, 1, CorruptImageError("late"), structlog.get_logger())
     assert await pending_to(a, rerender.id) == ["w2"]
     assert await a.pool.fetchval("SELECT rerender_requested_at IS NOT NULL FROM photos")

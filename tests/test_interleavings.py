@@ -36,7 +36,7 @@ from darkroom.operate import gc, ops
 from darkroom.queue.lanes import entry_tenant
 from darkroom.queue.messages import task_fields
 from darkroom.queue.streams import Streams
-from darkroom.settings import Settings
+from darkroom.settings import Settings, parse_renditions
 from darkroom.store import db, duties, intake, lanes, publishing
 from tests import promises
 from tests.interleave import (
@@ -51,9 +51,11 @@ from tests.interleave import (
 )
 from tests.interleave_audit import AuditRules
 from tests.interleave_bulk import BulkRules
+from tests.interleave_bulk_erase import BulkEraseRules
 from tests.interleave_erase import EraseRules
 from tests.interleave_limits import LimitRules
 from tests.interleave_pause import PauseRules
+from tests.interleave_upgrade import RENDITIONS, UpgradeRules
 
 # `make test` runs this many schedules (about 3 minutes on 2 cores), `make chaos` ten times
 # as many; DARKROOM_SCHEDULE_SEED replays the run a failure printed.
@@ -75,7 +77,14 @@ SHM = Path("/dev/shm")  # storage fsyncs every put: on tmpfs that costs nothing
 
 
 class Interleavings(
-    AuditRules, BulkRules, PauseRules, LimitRules, EraseRules, RuleBasedStateMachine
+    AuditRules,
+    BulkEraseRules,
+    BulkRules,
+    PauseRules,
+    LimitRules,
+    EraseRules,
+    UpgradeRules,
+    RuleBasedStateMachine,
 ):
     rig: Rig  # set by the test on a subclass
 
@@ -88,7 +97,8 @@ class Interleavings(
         self.op = Streams(self.rig.client, f"{{i{tag}}}:photos", "darkroom", "operator",
                           f"{{i{tag}}}:dead")  # fmt: skip
         self.settings = Settings(stream=self.op.stream, dead_letter_stream=self.op.dead_stream,
-                                 database_url=self.rig.database_url)  # fmt: skip
+                                 database_url=self.rig.database_url,
+                                 renditions=parse_renditions(RENDITIONS))  # fmt: skip
         self.hands = [self._hand(f"w{i}") for i in range(WORKERS)]
         self.photos: list[uuid.UUID] = []
         self.dead: list[Hand] = []  # killed workers (their tasks end at clean-up)
@@ -395,6 +405,7 @@ class Interleavings(
                 break
         await promises.after_the_drain(self.world, self.photos)
         await self.erased_left_nothing()
+        await self.upgrades_done()
 
     async def _clean_up(self) -> None:
         everyone = self.hands + self.dead

@@ -33,8 +33,10 @@ def test_a_limited_tenant_starts_at_its_rate_while_another_takes_the_rest(
 ) -> None:
     """`slow` at 1/s (burst 1) with 8 photos: their starts span at least 7 s (the limit's
     floor, whatever the load: without a limit three workers start them within a second or
-    two) and at most a wide 35 s; `free`'s 8 photos all finish before slow's last starts,
-    and every photo of both is processed (none lost to the hold)."""
+    two) and at most a wide 35 s; `free`'s 8 photos all start before slow's last does (its
+    renders fill the slots slow's limit leaves: a render's own time is the machine's load,
+    so it is the starts that tell), and every photo of both is processed (none lost to the
+    hold)."""
     file_env.cli("limits", "set", "slow", f"{RATE_PER_S}/s", "--burst", "1")
     for tenant in ("slow", "free"):
         file_env.cli("ingest", "--lane", "bulk", "--tenant", tenant, *[str(SMALL)] * PHOTOS_EACH)
@@ -48,4 +50,4 @@ def test_a_limited_tenant_starts_at_its_rate_while_another_takes_the_rest(
     span_s = float(slow[-1]["started_s"] - slow[0]["started_s"])
     floor_s = (PHOTOS_EACH - 1) / RATE_PER_S
     assert 0.9 * floor_s <= span_s <= 5 * floor_s, f"slow's starts spanned {span_s:.1f} s"
-    assert max(r["finished_s"] for r in free) < slow[-1]["started_s"], "free waited for slow"
+    assert max(r["started_s"] for r in free) < slow[-1]["started_s"], "free waited for slow"

@@ -108,6 +108,23 @@ async def test_the_pacer_spaces_calls() -> None:
     assert time.monotonic() - started >= 0.099
 
 
+def test_the_pacer_makes_up_the_time_its_caller_spends_acting() -> None:
+    """Five waits then 40 ms of work, at 100/s: the 100th call comes at 0.99 s, as the
+    rate says (spacing restarted after each act put it at 1.56 s), and after a 5 s stall
+    at most catch_up_s of the rate comes at once."""
+    pacer, now = Pacer(100, catch_up_s=0.1), 0.0
+    pacer._next = 0.0
+    for call in range(100):
+        now += pacer.delay(now)
+        if call == 99:
+            assert now == pytest.approx(0.99, abs=1e-9)
+        if call % 5 == 4:
+            now += 0.040
+    now += 5.0
+    at_once = sum(pacer.delay(now) == 0 for _ in range(50))
+    assert at_once == 11  # the 0.1 s made up (10 calls) and the call due now
+
+
 def consumers(env: Env) -> dict[str, int]:
     try:
         rows: list[dict[str, Any]] = env.redis.xinfo_consumers(env.stream, "darkroom")

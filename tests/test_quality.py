@@ -8,7 +8,7 @@ import uuid
 import pytest
 import pyvips
 
-from darkroom import jobs
+from darkroom import uploads
 from darkroom.image import quality
 from darkroom.image.pipeline import render
 from darkroom.image.renderer import RenderPool
@@ -98,10 +98,11 @@ def test_the_manifest_records_the_chosen_quality_and_score_of_a_target_only() ->
         data, parse_renditions("a:320:webp:q=auto,f:320:jpeg"), MAX_PIXELS
     ).renditions
     key = f"renditions/{uuid.uuid4()}/a.webp"
-    described = jobs._described(auto, key)
+    described = uploads.described(auto, key)
     assert described["quality"] == auto.quality and described["score"] == auto.score
     assert described["scored_by"] == "ssim-calibrated"
-    assert set(jobs._described(fixed, key)) == {"name", "format", "key", "width", "height", "bytes"}
+    plain = {"name", "format", "type", "key", "width", "height", "bytes"}
+    assert set(uploads.described(fixed, key)) == plain
 
 
 async def test_a_render_process_returns_the_quality_it_chose() -> None:

@@ -13,7 +13,7 @@ import redis.asyncio
 
 from darkroom import sweeper
 from darkroom.queue.streams import Streams
-from darkroom.store import db, duties, leases, publishing
+from darkroom.store import db, duties, failures, leases, publishing
 from tests.conftest import PHOTOS, REDIS_URL, Env
 
 
@@ -59,13 +59,13 @@ async def test_a_stale_worker_cannot_publish_a_failed_photo(store: Store) -> Non
     assert first.outcome == "claimed"
     second = await leases.claim(store.pool, photo_id, "1-0", "w2")
     assert second.attempt == 2
-    failed = await leases.record_failure(
+    failed = await failures.record_failure(
         store.pool, photo_id, second.token, "1-0", "timeout", "slow"
     )
     assert failed == "failed"
     published = await publishing.publish(store.pool, photo_id, FACTS, "[]", (first.token, "1-0"))
     assert published.status == "already"
-    late = await leases.record_failure(
+    late = await failures.record_failure(
         store.pool, photo_id, first.token, "1-0", "storage_unavailable", "late"
     )
     assert late == "finished"
@@ -87,8 +87,8 @@ async def test_a_stale_entry_cannot_retry_or_fail_a_photo_another_entry_owns(sto
     old = await leases.claim(store.pool, photo_id, "1-0", "w1")
     await db.record_requeued(store.pool, photo_id, "2-0")
     new = await leases.claim(store.pool, photo_id, "2-0", "w2")
-    assert not await leases.record_retry(store.pool, photo_id, old.token, "timeout", "late", 1000)
-    stale = await leases.record_failure(
+    assert not await failures.record_retry(store.pool, photo_id, old.token, "timeout", "late", 1000)
+    stale = await failures.record_failure(
         store.pool, photo_id, old.token, "1-0", "attempts_exhausted", "x"
     )
     assert stale == "finished"
@@ -98,9 +98,9 @@ async def test_a_stale_entry_cannot_retry_or_fail_a_photo_another_entry_owns(sto
         photo_id,
     )
     assert tuple(row) == ("processing", "active", None)
-    assert await leases.record_retry(store.pool, photo_id, new.token, "timeout", "slow", 1000)
+    assert await failures.record_retry(store.pool, photo_id, new.token, "timeout", "slow", 1000)
     again = await leases.claim(store.pool, photo_id, "2-0", "w2")
-    failed = await leases.record_failure(
+    failed = await failures.record_failure(
         store.pool, photo_id, again.token, "2-0", "timeout", "slow"
     )
     assert failed == "failed"
@@ -111,11 +111,11 @@ async def test_only_the_current_token_of_the_job_records_its_failure(store: Stor
     entry reclaimed and claimed again by another consumer), records no failure: `not_owner`,
     nothing changes; the holder of the job's current token does."""
     photo_id = await new_photo(store.pool)
-    unclaimed = await leases.record_failure(store.pool, photo_id, 0, "1-0", "timeout", "early")
+    unclaimed = await failures.record_failure(store.pool, photo_id, 0, "1-0", "timeout", "early")
     assert unclaimed == "not_owner"
     w1 = await leases.claim(store.pool, photo_id, "1-0", "w1")
     w2 = await leases.claim(store.pool, photo_id, "1-0", "w2")  # w2 reclaimed the entry
-    lost = await leases.record_failure(
+    lost = await failures.record_failure(
         store.pool, photo_id, w1.token, "1-0", "corrupt_image", "late"
     )
     assert lost == "not_owner"
@@ -125,7 +125,7 @@ async def test_only_the_current_token_of_the_job_records_its_failure(store: Stor
         photo_id,
     )
     assert tuple(row) == ("processing", None, "active", "w2", None)
-    failed = await leases.record_failure(store.pool, photo_id, w2.token, "1-0", "timeout", "slow")
+    failed = await failures.record_failure(store.pool, photo_id, w2.token, "1-0", "timeout", "slow")
     assert failed == "failed"
 
 
@@ -238,7 +238,7 @@ def test_failed_photo_past_the_cap_keeps_its_code_and_single_letter(file_env: En
         None,
         None,
     )
-    file_env.query(leases.FAIL_SQL, photo_id, "corrupt_image", "failed through another entry",
+    file_env.query(failures.FAIL_SQL, photo_id, "corrupt_image", "failed through another entry",
                    claim["lease_token"], "another-entry")  # fmt: skip
     log = file_env.cli("run", "--drain", DARKROOM_MAX_ATTEMPTS="2",
                        DARKROOM_CLAIM_IDLE_MS="1000").stderr  # fmt: skip

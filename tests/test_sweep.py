@@ -17,7 +17,7 @@ import redis.asyncio
 
 from darkroom import metrics, sweeper
 from darkroom.queue.streams import Streams
-from darkroom.store import db, leases, publishing
+from darkroom.store import db, failures, leases, publishing
 from tests.conftest import REDIS_URL
 
 FACTS = {"width": 10, "height": 10, "format": "jpeg", "bytes": 1}
@@ -121,13 +121,13 @@ async def test_every_state_change_moves_last_activity(pool: db.Pool) -> None:
     changes = [
         (lambda: claim("1-0"), "processing"),
         (
-            lambda: leases.record_retry(pool, photo_id, token(), "timeout", "slow", 1000),
+            lambda: failures.record_retry(pool, photo_id, token(), "timeout", "slow", 1000),
             "processing",
         ),
         (lambda: db.record_requeued(pool, photo_id, "2-0"), "processing"),
         (lambda: claim("2-0"), "processing"),
         (
-            lambda: leases.record_failure(pool, photo_id, token(), "2-0", "corrupt_image", "bad"),
+            lambda: failures.record_failure(pool, photo_id, token(), "2-0", "corrupt_image", "bad"),
             "processing_failed",
         ),
         (lambda: db.reset_failed(pool, photo_id), "uploaded"),
@@ -150,7 +150,7 @@ async def test_a_retry_does_not_wait_for_a_locked_photo(pool: db.Pool) -> None:
     token = (await leases.claim(pool, photo_id, "1-0", "w")).token
     async with pool.acquire() as holder, holder.transaction():
         await holder.execute("SELECT 1 FROM photos WHERE id = $1 FOR UPDATE", photo_id)
-        retry = leases.record_retry(pool, photo_id, token, "timeout", "slow", 10)
+        retry = failures.record_retry(pool, photo_id, token, "timeout", "slow", 10)
         assert await asyncio.wait_for(retry, 5)
     assert await pool.fetchval("SELECT state FROM photo_jobs WHERE photo_id = $1", photo_id) == (
         "pending"

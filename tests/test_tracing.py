@@ -5,34 +5,24 @@ and from a PostgreSQL-only row; and no trace SDK loaded when off."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import SpanKind, format_span_id, format_trace_id, set_span_in_context
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from darkroom import tracing
 from darkroom.errors import BadMessageError
 from darkroom.queue.messages import parse_task, received, task_fields, trace_fields
 from tests.conftest import PHOTOS, Env
+from tests.otlp import Receiver, Span, producer_span, serving
 from tests.test_recovery import HEIC, kill_mid_photo, log_lines, wait_for
 
 PHOTO = PHOTOS / "4.webp"
@@ -40,98 +30,16 @@ STAGES = {"darkroom.queue_wait", "darkroom.claim", "darkroom.download", "darkroo
           "darkroom.upload", "darkroom.publish", "darkroom.ack"}  # fmt: skip
 
 
-@dataclass
-class Span:
-    trace_id: str
-    span_id: str
-    parent_id: str
-    name: str
-    kind: int
-    attributes: dict[str, Any]
-    status: int
-    service: str
-    start_ns: int = 0
-    end_ns: int = 0
-
-
-@dataclass
-class Receiver:
-    """What the workers exported, span by span, and the endpoint they export to."""
-
-    endpoint: str = ""
-    spans: list[Span] = field(default_factory=list)
-    paths: list[str] = field(default_factory=list)
-
-    def of_trace(self, trace_id: str) -> list[Span]:
-        return [s for s in self.spans if s.trace_id == trace_id]
-
-    def named(self, name: str) -> list[Span]:
-        return [s for s in self.spans if s.name == name]
-
-
-def _value(v: Any) -> Any:
-    return getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
-
-
-def _decoded(body: bytes) -> list[Span]:
-    request = ExportTraceServiceRequest.FromString(body)
-    spans = []
-    for rs in request.resource_spans:
-        service = {a.key: _value(a.value) for a in rs.resource.attributes}.get("service.name")
-        for ss in rs.scope_spans:
-            for s in ss.spans:
-                attributes = {a.key: _value(a.value) for a in s.attributes}
-                ids = (s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex())
-                spans.append(Span(*ids, s.name, s.kind, attributes, s.status.code, str(service),
-                                  s.start_time_unix_nano, s.end_time_unix_nano))  # fmt: skip
-    return spans
-
-
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     """A test OTLP/HTTP receiver on a loopback port: POST /v1/traces, protobuf."""
-    got = Receiver()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            if self.headers.get("Content-Encoding") == "gzip":
-                body = gzip.decompress(body)
-            got.paths.append(self.path)
-            got.spans.extend(_decoded(body))
-            reply = ExportTraceServiceResponse().SerializeToString()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    got.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    yield got
-    server.shutdown()
-    server.server_close()
+    with serving() as got:
+        yield got
 
 
 def otel(receiver: Receiver, **extra: str) -> dict[str, str]:
     return {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100",
             "OTEL_SERVICE_NAME": "darkroom-test", **extra}  # fmt: skip
-
-
-def producer_span() -> tuple[str, str, dict[str, str]]:
-    """The test's own producer span: its trace id, span id and W3C fields."""
-    tracer = TracerProvider().get_tracer("tests.producer")
-    span = tracer.start_span("photos publish", kind=SpanKind.PRODUCER)
-    carrier: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(carrier, context=set_span_in_context(span))
-    span.end()
-    context = span.get_span_context()
-    return format_trace_id(context.trace_id), format_span_id(context.span_id), carrier
 
 
 def add_photo(

@@ -27,7 +27,7 @@ from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
 from darkroom.image.cost import cost_of
 from darkroom.image.renderer import isolated
-from darkroom.operate import acts, audit, bulk, erase, gc, history, limits, ops, pause, web
+from darkroom.operate import acts, audit, bulk_commands, erase, gc, history, limits, ops, pause, web
 from darkroom.operate import events as events_command
 from darkroom.operate.progress import Progress
 from darkroom.queue.messages import task_fields
@@ -270,7 +270,7 @@ COMMANDS = {
     "attempts": history.cmd_attempts,
     "events": events_command.cmd_events,
     "audit": audit.cmd_audit,
-    **bulk.COMMANDS,
+    **bulk_commands.COMMANDS,
     **pause.COMMANDS,
     "limits": limits.cmd_limits,
     "erase": erase.cmd_erase,

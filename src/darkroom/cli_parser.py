@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from darkroom import __version__
-from darkroom.operate import bulk, erase, gc, limits, ops, pause
+from darkroom.operate import bulk_commands, erase, gc, limits, ops, pause
 from darkroom.operate import events as events_command
 from darkroom.operate.progress import parse_rate
 from darkroom.queue.lanes import parse_lane, parse_tenant
@@ -119,7 +119,7 @@ SUBCOMMANDS = {
         "replay photo events from PostgreSQL in order (--follow: then print new ones)",
         "darkroom events --since 2026-12-01T09:00 --follow --json | jq .type",
     ),
-    **bulk.SUBCOMMANDS,
+    **bulk_commands.SUBCOMMANDS,
     "limits": limits.HELP,
     "erase": erase.HELP,
 }
@@ -243,7 +243,7 @@ ARGUMENTS = {
     "gc": _gc_arguments,
     "attempts": _attempts_arguments,
     "events": _events_arguments,
-    **bulk.ARGUMENTS,
+    **bulk_commands.ARGUMENTS,
     "limits": limits.arguments,
     "erase": erase.add_arguments,
 }

@@ -34,7 +34,7 @@ from darkroom.queue.buckets import Buckets, Charge
 from darkroom.queue.horizon import Horizon, Mark
 from darkroom.queue.lanes import entry_tenant
 from darkroom.queue.limits import Rate, Throttle
-from darkroom.queue.messages import task_fields, trace_fields
+from darkroom.queue.messages import task_fields
 from darkroom.queue.pauses import Paused
 from darkroom.queue.scheduler import Pending, Scheduler
 from darkroom.queue.streams import Streams
@@ -213,7 +213,8 @@ class Feeder:
         if created_before is None:
             return
         while rows := await intake.due_interactive(conn, created_before, PAGE):
-            batch = [(row["id"], task_fields(row["id"])) for row in rows]
+            batch = [(row["id"], task_fields(row["id"], _context(row["traceparent"])))
+                     for row in rows]  # fmt: skip
             if not await self._enqueue(conn, self.streams, batch):
                 return
             for row in rows:
@@ -251,20 +252,17 @@ class Feeder:
     ) -> bool:
         """Checked before each batch: locally (a process that was frozen stops here), then
         by the fenced job rows; False: the duty is lost (its work is being cancelled), no
-        XADD. Then the batch's XADDs (one round trip) and their marks (one statement)."""
+        XADD. Then the batch's XADDs (one round trip) and their marks (one statement). The
+        fields carry each photo's trace context already: the pick's query read it."""
         tenure = self._tenure
         assert tenure is not None  # set by _serve, the only way here
         if not tenure.live():
             return False
         photo_ids = [photo_id for photo_id, _ in batch]
-        if not await intake.prepare_jobs(conn, photo_ids, tenure.fence):
+        if not await intake.prepare_fed_jobs(conn, photo_ids, tenure.fence):
             tenure.lose("write_refused")
             return False
-        traced = await intake.traceparents(conn, photo_ids)
-        entry_ids = await streams.enqueue_many(
-            [{**fields, **trace_fields({"traceparent": traced.get(photo_id)})}
-             for photo_id, fields in batch]
-        )  # fmt: skip
+        entry_ids = await streams.enqueue_many([fields for _, fields in batch])
         await db.record_fed(conn, photo_ids, entry_ids)  # sets enqueued_at
         return True
 
@@ -305,8 +303,8 @@ class Feeder:
         metrics.BULK_TENANTS.set(len(self.scheduler))
 
     async def _feed_picked(self, conn: intake.Connection, picked: list[Pending]) -> bool:
-        batch = [(p.photo_id, {**task_fields(p.photo_id), "tenant": entry_tenant(p.tenant)})
-                 for p in picked]  # fmt: skip
+        batch = [(p.photo_id, {**task_fields(p.photo_id, _context(p.traceparent)),
+                               "tenant": entry_tenant(p.tenant)}) for p in picked]  # fmt: skip
         if not await self._enqueue(conn, self.bulk, batch):
             return False
         metrics.FED.labels("bulk").inc(len(batch))
@@ -340,9 +338,8 @@ class Feeder:
             if choice.tenant in tenants:
                 break
             rows = await intake.backlog_page(conn, choice.tenant, BACKLOG_PAGE)
-            self.scheduler.refill(
-                choice.tenant, [Pending(r["id"], r["tenant"], r["cost"]) for r in rows]
-            )
+            pending = [Pending(r["id"], r["tenant"], r["cost"], r["traceparent"]) for r in rows]
+            self.scheduler.refill(choice.tenant, pending)
         return picked
 
     # -- rate limits ----------------------------------------------------------------------
@@ -409,6 +406,11 @@ class Feeder:
         # A label of its own for a tenant weighted or with its own rate: operators name few.
         own = tenant in self.named or tenant in self.throttle.own
         metrics.THROTTLED.labels(tenant if own else metrics.OTHER_TENANT).inc()
+
+
+def _context(traceparent: str | None) -> Fields:
+    """A row's trace context as its entry's `carried` fields (task_fields keeps a valid one)."""
+    return {"traceparent": traceparent} if traceparent else {}
 
 
 def _by_tenant(photos: list[Pending]) -> dict[str, list[Pending]]:

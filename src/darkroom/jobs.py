@@ -21,7 +21,7 @@ import anyio
 import msgspec
 import structlog
 
-from darkroom import metrics, tracing
+from darkroom import metrics, tracing, upgrades
 from darkroom.errors import (
     ERROR_CODES,
     AttemptsExhaustedError,
@@ -30,7 +30,6 @@ from darkroom.errors import (
     InternalError,
 )
 from darkroom.health import DEPENDENCIES, Gate, declared
-from darkroom.image.pipeline import Rendered, RenderResult
 from darkroom.image.renderer import RenderPool
 from darkroom.outcomes import Held, Outcomes
 from darkroom.queue import policy
@@ -40,7 +39,9 @@ from darkroom.queue.streams import Streams
 from darkroom.recorder import Recorder
 from darkroom.settings import Settings
 from darkroom.store import db, history, keys, leases, publishing
-from darkroom.store.storage import CONTENT_TYPES, Storage, Upload
+from darkroom.store.storage import Storage
+from darkroom.upgrades import Upgrades
+from darkroom.uploads import Renditions
 
 log = structlog.get_logger("darkroom.jobs")
 
@@ -92,6 +93,8 @@ class Jobs:
         self.recorder = Recorder(self.pool, self.streams.consumer, self.settings.history)
         self.outcomes = Outcomes(self.settings, self.pool, self.streams, self.recorder)
         self.named_tenants = frozenset(dict(self.settings.tenant_weights))
+        self.upgrades = Upgrades(self.pool, self.streams, self.recorder)
+        self.renditions = Renditions(self.pool, self.storage, self.settings.cache_control)
         metrics.watch_render_budget(self.renderer.budget)
 
     def _stream(self, entry: Entry) -> Streams:
@@ -229,9 +232,10 @@ class Jobs:
             return await self._unclaimed(entry, deliveries, claim)
         with self.recorder.timed(entry, "download"):
             original = await self.storage.get(claim.original_key, self.settings.max_original_bytes)
+        specs, deferred = upgrades.specs_for(self.settings, entry.lane, claim.upgrade)
         with self.recorder.timed(entry, "render"):
             result = await self.renderer.render(
-                original, self.settings.renditions, interactive=entry.lane == "interactive",
+                original, specs, interactive=entry.lane == "interactive",
                 started=_wait_observer(entry, deliveries),
                 traceparent=tracing.injected().get("traceparent"),
             )  # fmt: skip
@@ -239,27 +243,36 @@ class Jobs:
         metrics.observe(metrics.RENDER_PEAK_RSS_MB, result.peak_rss_mb)
         self.recorder.attempt(entry).peak_rss_mb = result.peak_rss_mb
         with self.recorder.timed(entry, "upload"):
-            renditions = await self._upload(task.photo_id, result)
+            renditions = await self.renditions.upload(task.photo_id, result)
+        if claim.upgrade:
+            with self.recorder.timed(entry, "publish"):
+                done = self.renditions.delete_unreferenced, self.outcomes.again
+                return await self.upgrades.publish(entry, claim, renditions, *done)
         facts = result.facts.row(len(original), keep_location=self.settings.keep_location)
+        current = [r["key"] for r in renditions]
+        # recorded before the publish: a try whose publish reply is lost never gets past it
+        tried = self.in_flight.uploaded(entry.id, current)  # this delivery's tries, all
         with self.recorder.timed(entry, "publish"):
             published = await publishing.publish(
                 self.pool, task.photo_id, facts, msgspec.json.encode(renditions).decode(),
-                (claim.token, entry.id), self.recorder.publishing(entry),
+                (claim.token, entry.id), self.recorder.publishing(entry), deferred,
             )  # fmt: skip
-        current = [r["key"] for r in renditions]
-        tried = self.in_flight.uploaded(entry.id, current)  # this delivery's tries, all
         if published.status != "published":
             if published.status != "lost":  # lost: a newer lease renders, maybe these keys
-                await self._delete_unreferenced(task.photo_id, tried, "refused uploads")
+                await self.renditions.delete_unreferenced(task.photo_id, tried, "refused uploads")
+            if published.status == "already" and deferred:  # maybe ours, its reply lost
+                await self.upgrades.request(entry, task.photo_id)  # a spare one is `already`
             return _refused(entry, claim, published.status)
         self.recorder.published(entry)
         if "tenant" in entry.fields:  # a bulk entry (the feeder's)
             pixels = int(facts.get("width") or 0) * int(facts.get("height") or 0)
             metrics.count_tenant_done(entry.fields["tenant"], pixels, self.named_tenants)
         replaced = keys.superseded(published.replaced, current)
-        await self._delete_unreferenced(task.photo_id, replaced, "superseded renditions")
+        await self.renditions.delete_unreferenced(task.photo_id, replaced, "superseded renditions")
         if published.again:
             await self.outcomes.again(entry, task.photo_id)
+        elif deferred:
+            await self.upgrades.request(entry, task.photo_id)
         return "published"
 
     async def _claim(self, entry: Entry, task: Task) -> leases.Claim:
@@ -346,31 +359,6 @@ class Jobs:
             return "busy"  # another consumer holds the entry now: its letter, its ack
         return "failed"
 
-    async def _upload(self, photo_id: uuid.UUID, result: RenderResult) -> list[dict[str, Any]]:
-        """Each rendition under a new key named by its content, beside the live ones: a
-        half-done upload changes nothing a reader sees (the row still names the old keys)."""
-        uploads = [_upload_of(photo_id, r) for r in result.renditions]
-        await self.storage.put_many(uploads, self.settings.cache_control)
-        return [_described(r, u.key) for r, u in zip(result.renditions, uploads, strict=True)]
-
-    async def _delete_unreferenced(
-        self, photo_id: uuid.UUID, candidates: list[str], what: str
-    ) -> None:
-        """After the commit (the replaced renditions), or after a refused publish (this
-        delivery's uploads: an erase revoked the lease, or another delivery won), best
-        effort: a failure only leaves objects for `darkroom gc`. Under the photo's row lock:
-        no other delivery can claim it and commit these keys meanwhile, and none of a photo
-        another delivery is rendering (its uploads may share these content-named keys)."""
-        if not candidates:
-            return
-        try:
-            async with db.hold_photo(self.pool, photo_id) as held:
-                for key in keys.deletable(candidates, held):
-                    await self.storage.delete(key)
-        except DarkroomError as exc:
-            log.warning(f"{what} left for darkroom gc", photo_id=str(photo_id),
-                        keys=candidates, error_code=exc.code, error=str(exc))  # fmt: skip
-
     async def _fail(self, entry: Entry, deliveries: int, exc: DarkroomError, bound: Any) -> None:
         tracing.failed(exc.code, str(exc))
         claim = self.in_flight.claim_of(entry.id)
@@ -391,24 +379,6 @@ def _refused(entry: Entry, claim: leases.Claim, status: str) -> str:
                 token=claim.token, refused="publish", entry_taken=status == "lost",
                 erased=status == "erased")  # fmt: skip
     return {"lost": "lease_lost", "erased": "skipped"}.get(status, "already")
-
-
-def _upload_of(photo_id: uuid.UUID, r: Rendered) -> Upload:
-    key = keys.rendition_key(photo_id, r.name, r.ext, r.sha256)
-    return Upload(key, r.data, CONTENT_TYPES[r.format])
-
-
-def _described(r: Rendered, key: str) -> dict[str, Any]:
-    """The rendition as the photo's row lists it; a box's `crop` when it was cropped; the
-    quality chosen for a target and the score its calibrated metric predicted
-    (`scored_by`: not SSIMULACRA2 itself, see docs/photos.md)."""
-    described = {"name": r.name, "format": r.format, "key": key, "width": r.width,
-                 "height": r.height, "bytes": len(r.data)}  # fmt: skip
-    if r.crop:
-        described["crop"] = r.crop
-    if r.score is not None:
-        described |= {"quality": r.quality, "score": r.score, "scored_by": "ssim-calibrated"}
-    return described
 
 
 def _wait_observer(entry: Entry, deliveries: int) -> Callable[[], object] | None:

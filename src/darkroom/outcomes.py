@@ -22,7 +22,7 @@ from darkroom.queue.messages import DeadLetter, Entry, parse_task, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.recorder import Recorder
 from darkroom.settings import Settings
-from darkroom.store import db, history, leases
+from darkroom.store import db, failures, history, leases, upgrading
 
 log = structlog.get_logger("darkroom.jobs")
 
@@ -98,9 +98,9 @@ class Outcomes:
             elif (ended := await self._dead_letter(entry, held, exc)) == "dead_lettered":
                 metrics.OUTCOMES.labels("failed").inc()
                 bound.error("photo failed; dead-lettered")
-            elif ended == "rerender_failed":
+            elif ended in ("rerender_failed", "upgrade_failed"):
                 metrics.OUTCOMES.labels("failed").inc()
-                bound.error("re-render failed; the photo keeps its renditions")
+                bound.error(f"{ended.split('_')[0]} failed; the photo keeps its renditions")
             elif ended == "not_owner":
                 bound.warning("lease_lost", refused="failure",
                               note="the entry is left to its owner or to reclaim")  # fmt: skip
@@ -121,7 +121,7 @@ class Outcomes:
         holder's, and neither is touched (the entry's backoff would take it back)."""
         photo_id = _photo_id(entry)
         if photo_id is not None and token:
-            kept = await leases.record_retry(
+            kept = await failures.record_retry(
                 self.pool, photo_id, token, exc.code, str(exc), delay_ms
             )
             if not kept:
@@ -139,7 +139,7 @@ class Outcomes:
         never claimed), nothing: `not_owner`, the entry stays pending for its owner."""
         photo_id = _photo_id(entry)
         if photo_id is not None:
-            record = await leases.record_failure(
+            record = await failures.record_failure(
                 self.pool, photo_id, held.token, entry.id, exc.code, str(exc)
             )
             if record == "not_owner":
@@ -156,9 +156,14 @@ class Outcomes:
         """The photo is terminal: a failed re-render of the lease holder's is recorded (the
         photo keeps its renditions; a request made during it goes through again), then the
         entry is acked, unless a re-render under another lease holds it."""
-        failed = await leases.record_rerender_failure(
+        failed = await failures.record_rerender_failure(
             self.pool, photo_id, token, exc.code, str(exc)
         )
+        if failed == "not_recorded" and await upgrading.record_upgrade_failure(
+            self.pool, photo_id, token, exc.code, str(exc)
+        ):
+            await self._stream(entry).ack(entry.id)
+            return "upgrade_failed"  # its published renditions stay, the request is dropped
         if failed == "not_recorded" and await leases.rerender_held_elsewhere(
             self.pool, photo_id, token, entry.id
         ):

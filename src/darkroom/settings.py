@@ -17,12 +17,22 @@ import msgspec
 
 Format = Literal["webp", "jpeg", "avif", "png"]
 EXTENSIONS: dict[str, str] = {"webp": "webp", "jpeg": "jpg", "avif": "avif", "png": "png"}
-DEFAULT_QUALITY: dict[str, int] = {"webp": 80, "jpeg": 82, "avif": 60, "png": 100}
+# AVIF 67 (effort 4): the JPEG fallback's mean SSIMULACRA2 at about 32 % fewer bytes
+# (bench/avif.py; docs/photos.md "Modern formats with a fallback").
+DEFAULT_QUALITY: dict[str, int] = {"webp": 80, "jpeg": 82, "avif": 67, "png": 100}
 # q=auto's SSIMULACRA2 target per format: the lowest score DEFAULT_QUALITY reached over the
 # team's camera photos, so the worst-looking photo looks as it does at a fixed quality
 # (bench/quality.py, docs/photos.md "A quality target per rendition").
 AUTO_TARGET: dict[str, float] = {"webp": 68.0, "jpeg": 72.0, "avif": 68.0}
-SCORES = (30, 95)  # the score=N a target may ask for: below, artefacts; above, near-lossless
+SCORES = (30, 95)
+# Formats whose encode would move an interactive photo's first publish (bench/avif.py: AVIF
+# at 1024 and 2048 px costs more CPU than the rest of the default list's render together):
+# deferred unless marked `:inline`.
+HEAVY: frozenset[str] = frozenset({"avif"})
+_FLAGS = (
+    "defer",
+    "inline",
+)  # the score=N a target may ask for: below, artefacts; above, near-lossless
 
 
 Crop = Literal["attention", "centre"]
@@ -41,6 +51,9 @@ class RenditionSpec(msgspec.Struct, frozen=True):
     crop: Crop | None = None
     # An SSIMULACRA2 score to reach: the quality is then chosen per photo (image/quality.py)
     target: float | None = None
+    # Rendered after an interactive photo's first publish, in the bulk lane, as an upgrade
+    # (`:defer`, or a HEAVY format without `:inline`): upgrades.py, docs/photos.md.
+    deferred: bool = False
 
     @property
     def ext(self) -> str:
@@ -55,16 +68,27 @@ _CROPS: dict[str, Crop] = {"attention": "attention", "centre": "centre", "center
 
 def parse_renditions(text: str) -> tuple[RenditionSpec, ...]:
     """Parse `name:SIZE:format[:OPTION]...,...` (SIZE: a long edge `2048` or a box
-    `256x256`; OPTION: `q=N` or a bare N, `q=auto`, `score=N`, `crop=attention|centre`);
-    raises ValueError."""
+    `256x256`; OPTION: `q=N` or a bare N, `q=auto`, `score=N`, `crop=attention|centre`,
+    `defer` or `inline`); raises ValueError."""
     specs = tuple(_spec(part.strip()) for part in text.split(","))
     if len({(s.name, s.format) for s in specs}) != len(specs):
         raise ValueError("two renditions share a name and format")
     return specs
 
 
+def split(specs: tuple[RenditionSpec, ...]) -> tuple[list[RenditionSpec], list[RenditionSpec]]:
+    """The renditions a first publish carries, and those its upgrade adds; all at once when
+    every one is deferred (a photo publishes with something)."""
+    fast = [s for s in specs if not s.deferred]
+    return (fast, [s for s in specs if s.deferred]) if fast else (list(specs), [])
+
+
 def _spec(item: str) -> RenditionSpec:
     fields = item.split(":")
+    flags = {f.strip().lower() for f in fields[3:]} & set(_FLAGS)
+    fields = [f for f in fields if f.strip().lower() not in _FLAGS]
+    if len(flags) > 1:
+        raise ValueError(f"{item!r}: defer and inline both set")
     if len(fields) < 3 or not _NAME.match(fields[0]):
         raise ValueError(f"{item!r} is not name:SIZE:format[:OPTION]...")
     size = _SIZE.match(fields[1])
@@ -83,7 +107,8 @@ def _spec(item: str) -> RenditionSpec:
     if "crop" in options and box is None:
         raise ValueError(f"{item!r}: crop needs a box (WIDTHxHEIGHT)")
     crop = _CROPS[options["crop"]] if "crop" in options else None
-    return RenditionSpec(fields[0], max(edges), fmt, quality, box, crop, target)  # type: ignore[arg-type]
+    deferred = "defer" in flags or (fmt in HEAVY and "inline" not in flags)
+    return RenditionSpec(fields[0], max(edges), fmt, quality, box, crop, target, deferred)  # type: ignore[arg-type]
 
 
 def _target(item: str, fmt: str, options: dict[str, str]) -> float | None:

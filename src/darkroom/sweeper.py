@@ -8,7 +8,8 @@ persistence, a producer that crashed between INSERT and XADD, and entries delete
 pending. Each photo is judged against its own lane's stream and goes back to its lane: an
 interactive one by XADD, a bulk one to the feeder (`enqueued_at = NULL`; one the feeder
 has not fed yet is not lost). One worker sweeps at a time: the holder of the sweep's leased
-duty (duty.py), whose every requeue first takes the photo under the duty's fence.
+duty (duty.py), whose every requeue first takes the photo under the duty's fence. An
+upgrade whose entry was lost (upgrades.py) goes back into the bulk stream the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from darkroom import metrics
+from darkroom import metrics, upgrades
 from darkroom.duty import Duty, Tenure, process_holder
 from darkroom.queue.messages import task_fields
 from darkroom.queue.streams import Streams
@@ -58,7 +59,12 @@ async def sweep(
         if tenure is None:
             return []
         with metrics.SWEEP_SECONDS.time():
-            await _pass(pool, streams, await db.sweep_horizon(pool, after_s), tenure, lost)
+            before = await db.sweep_horizon(pool, after_s)
+            await _pass(pool, streams, before, tenure, lost)
+            if tenure.live():
+                lost += await upgrades.requeue_lost(
+                    pool, streams.for_lane("bulk"), before, tenure.fence, CLOCK_MARGIN_MS
+                )
     return lost
 
 
@@ -105,8 +111,7 @@ async def requeue(conn: db.Pool | db.Connection, view: Streams, photo_id: uuid.U
     if view.lane == "bulk":
         await store_lanes.to_feeder(conn, photo_id)
         return
-    await intake.prepare_jobs(conn, [photo_id])
-    traced = await intake.traceparents(conn, [photo_id])
+    traced = await intake.prepare_jobs(conn, [photo_id])
     entry_id = await view.enqueue(task_fields(photo_id, {"traceparent": traced.get(photo_id, "")}))
     await db.record_requeued(conn, photo_id, entry_id)
 

@@ -26,6 +26,7 @@ from darkroom.image import (
     applehdr,
     crops,
     exif,
+    formats,
     gainmap,
     gif,
     heifedit,
@@ -51,7 +52,6 @@ _LOADER_NAMES = ("jpegload", "pngload", "webpload", "gifload", "heifload", "uhdr
 _HEIC_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs"}
 _AVIF_BRANDS = {b"avif", b"avis"}
 _HEIF_BRANDS = {b"mif1", b"msf1", b"miaf"}
-_KEEP_NONE = 0  # ForeignKeep.NONE: no EXIF, XMP, IPTC, ICC or other metadata in outputs
 Specs = list[RenditionSpec]
 
 
@@ -410,21 +410,7 @@ def _encoded(image: pyvips.Image, spec: RenditionSpec) -> Rendered:
 
 
 def _save(image: pyvips.Image, spec: RenditionSpec) -> bytes:
-    if spec.format == "webp":
-        # effort 2 (libvips' default is 4): half the CPU at equal SSIMULACRA2, +3 % bytes
-        # (docs/benchmarks.md, bench/encoders.py)
-        return bytes(image.webpsave_buffer(Q=spec.quality, effort=2, keep=_KEEP_NONE))
-    if spec.format == "avif":
-        return bytes(image.heifsave_buffer(Q=spec.quality, compression="av1", keep=_KEEP_NONE))
-    if spec.format == "png":
-        return bytes(image.pngsave_buffer(keep=_KEEP_NONE))
-    if image.hasalpha():
-        image = image.flatten(background=[255.0] * (image.bands - 1))
-    if gainmap.carries(image):
-        return gainmap.save_jpeg(image, spec.quality)
-    return bytes(
-        image.jpegsave_buffer(Q=spec.quality, interlace=True, optimize_coding=True, keep=_KEEP_NONE)
-    )
+    return formats.save(image, spec)
 
 
 configure()

@@ -1,35 +1,27 @@
-"""Bulk actions by query: `darkroom select` (an exact count and a sample of the photos a
-selection matches) and `darkroom bulk retry|rerender|move` over the same selection, paced,
-with a progress bar, an audit trail, and resumable: a rerun continues, never doubles.
-The web page's "retry all N matching" runs the same `run`.
+"""Bulk actions by query: retry, re-render, move or erase every photo a selection matches,
+over the ids it matched when the action began (frozen in bulk_action_items), paced, with a
+progress bar, an audit trail, and resumable: a rerun continues, never doubles. The command
+line (operate/bulk_commands.py) and the web page's "retry all N matching" run the same
+`begin`, `execute` and `finish`.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import signal
-import sys
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, TextIO
 
-import anyio
 import msgspec
 
-from darkroom.operate import audit as audit_command
 from darkroom.operate import ops
-from darkroom.operate.progress import Pacer, Progress, parse_rate
-from darkroom.queue.lanes import parse_lane, parse_tenant
+from darkroom.operate.progress import Pacer, Progress
 from darkroom.queue.streams import Streams
-from darkroom.services import services
-from darkroom.settings import Settings
-from darkroom.store import audit, db, selection, views
+from darkroom.store import audit, db, selection
 from darkroom.store.selection import Selection
 
-VERBS = {"retry": "retried", "rerender": "re-render requested", "move": "moved"}
+VERBS = {"retry": "retried", "rerender": "re-render requested", "move": "moved", "erase": "erased"}
 # The state each verb acts on: a selection naming another is a usage error.
 STATE_OF = {"retry": "processing_failed", "rerender": "processed"}
 # What a run prints of an item that was not acted on (None: another run took it first).
@@ -39,7 +31,6 @@ BATCH = 500
 # at a few hundred photos a second); a paced run groups what GROUP_S of its rate allows.
 GROUP = 50
 GROUP_S = 0.05
-INTERRUPTED = 130
 
 
 @dataclass(frozen=True)
@@ -51,27 +42,39 @@ class Plan:
     where: Selection
     to_lane: str | None = None
     to_tenant: str | None = None
+    original: bool = False  # erase: the originals' objects too
 
     def frozen(self) -> dict[str, Any]:
         """The selection as the audit trail records it, with where the photos go."""
-        extra = {"to_lane": self.to_lane, "to_tenant": self.to_tenant}
+        extra = {"to_lane": self.to_lane, "to_tenant": self.to_tenant,
+                 "original": self.original or None}  # fmt: skip
         return {**self.where.as_json(), **{k: v for k, v in extra.items() if v is not None}}
 
     @classmethod
     def thawed(cls, verb: str, frozen: dict[str, Any]) -> Plan:
         where = Selection.from_json(frozen)
-        return cls(verb, where, frozen.get("to_lane"), frozen.get("to_tenant"))
+        return cls(verb, where, frozen.get("to_lane"), frozen.get("to_tenant"),
+                   bool(frozen.get("original")))  # fmt: skip
 
     def act(self) -> selection.Act:
+        if self.verb == "erase":
+            return selection.eraser(self.where)
         if self.verb == "move":
             return selection.mover(self.to_lane, self.to_tenant)
         act = selection.retry if self.verb == "retry" else selection.rerender
         return selection.feeding(act, self.to_lane)
 
 
+# What follows a photo's commit outside the transaction (its hand-over; by default into
+# its lane): True once done (its item becomes `sent`), False to leave the item `acted`,
+# for a rerun of the action to hand over again.
+Deliver = Callable[[uuid.UUID], Awaitable[bool]]
+
+
 @dataclass
 class Run:
-    """One run of an action: its audit identity, its pace and where it reports."""
+    """One run of an action: its audit identity, its pace, where it reports, and its
+    hand-over with what that counted (an erase's objects deleted)."""
 
     action: audit.Action
     plan: Plan
@@ -81,6 +84,8 @@ class Run:
     out: TextIO | None = None
     stopped: Callable[[], bool] = lambda: False
     counts: dict[str, int] = field(default_factory=dict)
+    deliver: Deliver | None = None
+    tally: Counter[str] = field(default_factory=Counter)
 
 
 def action_name(verb: str) -> str:
@@ -114,19 +119,21 @@ async def execute(pool: db.Pool, streams: Streams, run: Run, progress: Progress)
         room = run.batch if run.limit is None else min(run.batch, run.limit - acted)
         ids = await selection.batch(pool, action_id, "pending", after, room)
         if not ids:
-            return True
+            break
+        handed: list[uuid.UUID] = []
         for group in _groups(ids, run.rate_per_s):
             for _ in group:
                 await pacer.wait()
             for photo_id, outcome in await selection.act_group(pool, action_id, group, act):
                 _report(run, progress, photo_id, outcome)
-                if outcome == "acted":
-                    await _deliver(pool, streams, run.plan, photo_id)
+                if outcome == "acted" and await _deliver(pool, streams, run, photo_id):
+                    handed.append(photo_id)
             acted, after = acted + len(group), group[-1]
             if run.stopped():
                 break
-        await _mark_sent(pool, run, ids)
-    return not await selection.batch(pool, action_id, "pending", selection.ZERO, 1)
+        await _mark_sent(pool, run, handed)
+    return not any([await selection.batch(pool, action_id, state, selection.ZERO, 1)
+                    for state in ("pending", "acted")])  # fmt: skip
 
 
 def _groups(ids: list[uuid.UUID], rate_per_s: float | None) -> list[list[uuid.UUID]]:
@@ -143,14 +150,17 @@ def _report(run: Run, progress: Progress, photo_id: uuid.UUID, outcome: str | No
         progress.line(f"{photo_id}  {said}", run.out)
 
 
-async def _deliver(pool: db.Pool, streams: Streams, plan: Plan, photo_id: uuid.UUID) -> None:
-    """Into its lane (ops.enqueue_again: XADD, or the feeder). A photo gone or finished
-    meanwhile is not enqueued; its item is done all the same."""
-    await ops.enqueue_again(pool, streams, photo_id, plan.to_lane, None)
+async def _deliver(pool: db.Pool, streams: Streams, run: Run, photo_id: uuid.UUID) -> bool:
+    """The run's hand-over, or into its lane (ops.enqueue_again: XADD, or the feeder). A
+    photo gone or finished meanwhile is not enqueued; its item is done all the same."""
+    if run.deliver is not None:
+        return await run.deliver(photo_id)
+    await ops.enqueue_again(pool, streams, photo_id, run.plan.to_lane, None)
+    return True
 
 
 async def _mark_sent(pool: db.Pool, run: Run, ids: list[uuid.UUID]) -> None:
-    if run.plan.verb != "move":
+    if ids:
         await selection.mark_sent(pool, run.action.action_id, ids)
 
 
@@ -159,18 +169,17 @@ async def _hand_over(pool: db.Pool, streams: Streams, run: Run) -> None:
     second entry of one it did hand over ends `busy` or `already`, never a second act)."""
     after = selection.ZERO
     while ids := await selection.batch(pool, run.action.action_id, "acted", after, run.batch):
-        for photo_id in ids:
-            await _deliver(pool, streams, run.plan, photo_id)
-        await _mark_sent(pool, run, ids)
+        await _mark_sent(pool, run, [p for p in ids if await _deliver(pool, streams, run, p)])
         after = ids[-1]
 
 
 async def finish(pool: db.Pool, run: Run, complete: bool) -> dict[str, int]:
-    """`done` (or `interrupted`: a rerun continues) with the items' counts."""
+    """`done` (or `interrupted`: a rerun continues) with the items' counts and what the
+    hand-over counted."""
     counts = await selection.tally(pool, run.action.action_id)
     acted = counts.get("sent", 0) + counts.get("acted", 0)
     outcome: audit.Outcome = "done" if complete else "interrupted"
-    await audit.record(pool, run.action, outcome, acted, counts)
+    await audit.record(pool, run.action, outcome, acted, {**counts, **run.tally})
     run.counts = counts
     return counts
 
@@ -183,171 +192,38 @@ async def dry_run(pool: db.Pool, run: Run, sample_n: int) -> tuple[int, list[uui
     return total, ids
 
 
-# -- the command line ---------------------------------------------------------------------
-
-
-async def cmd_select(settings: Settings, args: argparse.Namespace) -> int:
-    where = selection_of(args)
-    async with services(settings, 1) as (pool, _):
-        total = await selection.count(pool, where)
-        ids = await selection.sample(pool, where, args.sample) if args.sample else []
-    if args.json:
-        print(msgspec.json.encode({"count": total, "sample": ids}).decode())
-        return 0
-    for photo_id in ids:
-        print(photo_id)
-    if args.count:
-        print(total)
-    else:
-        print(f"{total} photo(s) match", file=sys.stderr)
-    return 0
-
-
-async def cmd_bulk(settings: Settings, args: argparse.Namespace) -> int:
-    plan = await _plan(settings, args)
-    if isinstance(plan, str):
-        print(f"darkroom: {plan}", file=sys.stderr)
-        return 2
-    action = audit_command.cli_action(settings, action_name(plan.verb), plan.frozen(), args.reason)
-    if args.resume:
-        action = msgspec.structs.replace(action, action_id=args.resume)
-    run = Run(action, plan, args.rate, args.batch, out=sys.stdout)
-    async with services(settings, 2) as (pool, streams):
-        if args.dry_run:
-            total, ids = await dry_run(pool, run, args.sample)
-            for photo_id in ids:
-                print(f"{photo_id}  would be {VERBS[plan.verb]}")
-            print(f"would act on {total} photo(s) (dry run: nothing changed)", file=sys.stderr)
-            return 0
-        return await _run_until_signalled(pool, streams, run)
-
-
-async def _run_until_signalled(pool: db.Pool, streams: Streams, run: Run) -> int:
-    stop = anyio.Event()
-    run.stopped = stop.is_set
-    await streams.ensure_group()
-    total, resumed = await begin(pool, run)
-    action_id = run.action.action_id
-    print(f"action {action_id}: {total} photo(s) selected{' (resumed)' if resumed else ''}; "
-          f"rerun the same command, or `--resume {action_id}`, to continue after a stop",
-          file=sys.stderr)  # fmt: skip
-    progress = Progress(total, VERBS[run.plan.verb], sys.stderr)
-    progress.done = total - (await selection.tally(pool, action_id)).get("pending", 0)
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_signals, stop)
-            complete = await execute(pool, streams, run, progress)
-            tg.cancel_scope.cancel()
-    except Exception:
-        # `interrupted`, never `failed`: a rerun must continue this action, not freeze anew
-        with contextlib.suppress(Exception):  # the database may be what failed
-            await finish(pool, run, False)
-        raise
-    counts = await finish(pool, run, complete)
-    progress.finish(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
-    return 0 if complete else INTERRUPTED
-
-
-async def _watch_signals(stop: anyio.Event) -> None:
-    """SIGINT/SIGTERM: stop after the photo in hand; the run records `interrupted`."""
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            stop.set()
-            return
-
-
-async def _plan(settings: Settings, args: argparse.Namespace) -> Plan | str:
-    """The plan from the flags, or from the resumed action's frozen selection; or what is
-    wrong with them."""
-    if args.resume:
-        async with services(settings, 1) as (pool, _):
-            row = await selection.started(pool, args.resume)
-        if row is None or row["action"] != action_name(args.verb):
-            return f"no {args.verb} action {args.resume} in the audit trail"
-        return Plan.thawed(args.verb, row["selection"])
-    return plan_of(args.verb, selection_of(args), args.to_lane, args.to_tenant)
-
-
-def plan_of(verb: str, where: Selection, to_lane: str | None, to_tenant: str | None) -> Plan | str:
-    if where.empty():
-        return "a bulk action needs a selection (--tenant, --code, --state, ...)"
+def plan_of(
+    verb: str, where: Selection, to_lane: str | None, to_tenant: str | None,
+    original: bool = False,
+) -> Plan | str:  # fmt: skip
+    """The plan, or what is wrong with the flags."""
+    wrong = _usage(verb, where, to_lane, to_tenant, original)
+    if wrong is not None:
+        return wrong
+    if verb == "erase":  # an erase of a selection naming no state: the photos not erased yet
+        return Plan(verb, where if where.state else _unerased(where), original=original)
     wanted = STATE_OF.get(verb)
-    if wanted and where.state not in (None, wanted):
-        return f"{verb} acts on {wanted} photos; drop --state or name {wanted}"
-    if verb == "move" and to_lane is None and to_tenant is None:
-        return "move needs --to-lane and/or --to-tenant"
-    if verb != "move" and to_tenant is not None:
-        return "--to-tenant is for move"
     where = msgspec.structs.replace(where, state=wanted or where.state)
     return Plan(verb, where, to_lane or ("bulk" if verb == "rerender" else None), to_tenant)
 
 
-def selection_of(args: argparse.Namespace) -> Selection:
-    return Selection(
-        tenant=args.tenant, state=args.state, code=args.code,
-        created_since=args.created_since, created_until=args.created_until,
-        processed_since=args.processed_since, processed_until=args.processed_until,
-        lane=args.lane, format=args.format,
-    )  # fmt: skip
+def _unerased(where: Selection) -> Selection:
+    return msgspec.structs.replace(where, erased=False)
 
 
-def _timestamp(raw: str) -> datetime:
-    value = datetime.fromisoformat(raw)
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-def _rate(text: str) -> float:
-    try:
-        return parse_rate(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _filters(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--tenant", type=parse_tenant, help="only this tenant's photos")
-    command.add_argument("--state", choices=views.STATES)
-    command.add_argument("--code", help="only failed photos with this error code")
-    for when in ("created", "processed"):
-        for edge, word in (("since", "at or after"), ("until", "before")):
-            command.add_argument(f"--{when}-{edge}", type=_timestamp, metavar="TIME",
-                                 help=f"{when} {word} (ISO 8601, UTC)")  # fmt: skip
-    command.add_argument("--lane", type=parse_lane, help="only photos of this lane")
-    command.add_argument("--format", help="only this source format (jpeg, heic, ...)")
-
-
-def select_arguments(command: argparse.ArgumentParser) -> None:
-    _filters(command)
-    command.add_argument("--count", action="store_true", help="print only the exact count")
-    command.add_argument("--sample", type=int, default=0, metavar="N", help="N matching ids")
-    command.add_argument("--json", action="store_true", help='{"count": N, "sample": [...]}')
-
-
-def bulk_arguments(command: argparse.ArgumentParser) -> None:
-    command.add_argument("verb", choices=list(VERBS))
-    _filters(command)
-    command.add_argument("--to-lane", type=parse_lane,
-                         help="move: the new lane; retry/rerender: the lane they go through "
-                         "(default: the photo's own; bulk for rerender)")  # fmt: skip
-    command.add_argument("--to-tenant", type=parse_tenant, help="move: the new tenant")
-    command.add_argument("--reason", help="why (recorded in the audit trail)")
-    command.add_argument("--rate", type=_rate, help="at most N/s (or N/m)")
-    command.add_argument("--batch", type=int, default=BATCH, help=argparse.SUPPRESS)
-    command.add_argument("--dry-run", action="store_true", help="count and sample; change nothing")
-    command.add_argument("--sample", type=int, default=10, help="--dry-run: show N ids")
-    resume_help = "continue this action (its frozen selection; other filters are ignored)"
-    command.add_argument("--resume", type=uuid.UUID, metavar="ACTION_ID", help=resume_help)
-
-
-SUBCOMMANDS = {
-    "select": (
-        "count (exactly) and sample the photos a selection matches",
-        "darkroom select --tenant acme --state processing_failed --code render_timeout --count",
-    ),
-    "bulk": (
-        "retry, re-render or move every photo a selection matches: paced, audited, resumable",
-        'darkroom bulk retry --tenant acme --code render_timeout --reason "codec fixed" '
-        "--rate 50/s",
-    ),
-}
-ARGUMENTS = {"select": select_arguments, "bulk": bulk_arguments}
-COMMANDS = {"select": cmd_select, "bulk": cmd_bulk}
+def _usage(
+    verb: str, where: Selection, to_lane: str | None, to_tenant: str | None, original: bool
+) -> str | None:
+    wanted = STATE_OF.get(verb) or ("erased" if verb == "erase" else None)
+    problems = {
+        "a bulk action needs a selection (--tenant, --code, --state, ...)": where.empty(),
+        f"{verb} acts on {wanted} photos; drop --state or name {wanted}":
+            verb in STATE_OF and where.state not in (None, wanted),
+        "erase acts on photos not erased yet; drop --state erased": where.state == wanted
+            and verb == "erase",
+        "move needs --to-lane and/or --to-tenant": verb == "move" and not (to_lane or to_tenant),
+        "--to-tenant is for move": verb != "move" and to_tenant is not None,
+        "--to-lane is not for erase": verb == "erase" and to_lane is not None,
+        "--original is for erase": verb != "erase" and original,
+    }  # fmt: skip
+    return next((problem for problem, found in problems.items() if found), None)

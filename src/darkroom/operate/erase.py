@@ -2,6 +2,8 @@
 be forgotten. Each photo's row is made `erased` first (facts nulled, lease revoked, event and
 audit row in the same commit), then every object under its renditions folder (every
 generation, and a render's uploads still in flight) is deleted, and its original with it.
+`darkroom erase --tenant ... (the filters of select)` is `darkroom bulk erase`: paced,
+resumable, one action over the frozen selection (operate/bulk.py).
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from collections.abc import Callable
 
 from msgspec.structs import replace
 
-from darkroom.errors import DarkroomError
+from darkroom.operate import bulk_commands, erasing
 from darkroom.operate.audit import cli_action
 from darkroom.services import services, storage_for
 from darkroom.settings import Settings
-from darkroom.store import audit, erasure, keys
+from darkroom.store import audit, erasure
 from darkroom.store.db import Pool
 from darkroom.store.storage import Storage
 
@@ -29,17 +31,21 @@ BATCH = 500
 Say = Callable[[str], None]
 
 HELP = (
-    "erase photos: delete their renditions (and original), null what identifies a person "
-    "or place; a render in flight is refused",
-    'darkroom erase 0b5c4e2a-6d3f-4c1e-9a57-2f1d8e6b9c30 --original --reason "GDPR request 4411"',
+    "erase photos, by id or by the filters of `select`: delete their renditions (and "
+    "original), null what identifies a person or place; a render in flight is refused",
+    'darkroom erase 0b5c4e2a-6d3f-4c1e-9a57-2f1d8e6b9c30 --original --reason "GDPR request 4411"'
+    '\n  darkroom erase --tenant acme --original --reason "account closed" --rate 50/s',
 )
 
 
 def add_arguments(erase: argparse.ArgumentParser) -> None:
-    erase.add_argument("photo_ids", nargs="+", type=uuid.UUID, metavar="PHOTO_ID")
+    erase.add_argument("photo_ids", nargs="*", type=uuid.UUID, metavar="PHOTO_ID")
     erase.add_argument("--reason", required=True, help="why (kept in the audit trail)")
     erase.add_argument("--original", action="store_true", help="delete the original too")
     erase.add_argument("--dry-run", action="store_true", help="list what would be deleted")
+    bulk_commands.filter_arguments(erase)
+    bulk_commands.run_arguments(erase)
+    erase.set_defaults(verb="erase", to_lane=None, to_tenant=None)
 
 
 async def erase_photos(
@@ -60,8 +66,9 @@ async def erase_photos(
         _count(found, tally, say)
         left: list[str] = []
         for photo_id in found.found:
-            objects = await _objects(storage, photo_id, found.originals, original)
-            left += await _delete(storage, objects, dry_run, tally, say)
+            key = found.originals[photo_id] if original else None
+            listed = await erasing.objects(storage, photo_id, key)
+            left += await _delete(storage, listed, dry_run, tally, say)
         if not dry_run:
             detail = {**found.detail(), "left": left}
             ending: audit.Outcome = "failed" if left else "done"
@@ -80,35 +87,15 @@ def _count(found: erasure.Erased, tally: Counter[str], say: Say) -> None:
             say(f"{label}  {photo_id}")
 
 
-async def _objects(
-    storage: Storage, photo_id: uuid.UUID, originals: dict[uuid.UUID, str], original: bool
-) -> list[str]:
-    """Every object under the photo's renditions folder, listed after the commit; its
-    original's key with `original`."""
-    listed = [obj.key async for page in storage.list(f"{keys.PREFIX}{photo_id}/") for obj in page]
-    return listed + ([originals[photo_id]] if original else [])
-
-
 async def _delete(
-    storage: Storage, objects: list[str], dry_run: bool, tally: Counter[str], say: Say
+    storage: Storage, listed: list[str], dry_run: bool, tally: Counter[str], say: Say
 ) -> list[str]:
-    """The keys that could not be deleted (each tried; a re-run of the erase tries again)."""
-    left = []
-    for key in objects:
-        if dry_run:
-            say(f"would delete  {key}")
-            tally["deleted"] += 1
-            continue
-        try:
-            await storage.delete(key)
-        except DarkroomError as exc:
-            say(f"not deleted  {key}  {exc.code}: {exc}")
-            tally["failed"] += 1
-            left.append(key)
-            continue
-        say(f"deleted  {key}")
-        tally["deleted"] += 1
-    return left
+    if not dry_run:
+        return await erasing.delete(storage, listed, tally, say)
+    for key in listed:
+        say(f"would delete  {key}")
+    tally["deleted"] += len(listed)
+    return []
 
 
 def summary(tally: Counter[str], dry_run: bool) -> str:
@@ -121,6 +108,14 @@ def summary(tally: Counter[str], dry_run: bool) -> str:
 
 
 async def cmd_erase(settings: Settings, args: argparse.Namespace) -> int:
+    """By id, or (no id) by the selection's filters as `darkroom bulk erase`."""
+    where = bulk_commands.selection_of(args)
+    if bool(args.photo_ids) == (not where.empty() or args.resume is not None):
+        print("darkroom: erase takes PHOTO_ID... or a selection (--tenant, --state, ...), "
+              "one of them", file=sys.stderr)  # fmt: skip
+        return 2
+    if not args.photo_ids:
+        return await bulk_commands.cmd_bulk(settings, args)
     selection = {"photo_ids": sorted(set(args.photo_ids)), "original": args.original}
     action = cli_action(settings, "erase", selection, args.reason)
     async with services(settings, 2) as (pool, _), storage_for(settings) as storage:

@@ -266,8 +266,7 @@ async def enqueue_again(
         return FED if await store_lanes.to_feeder(pool, photo_id, tenant) else None
     if lane is not None or tenant is not None:
         await store_lanes.set_lane(pool, photo_id, lane, tenant)
-    await intake.prepare_jobs(pool, [photo_id])  # before the XADD, as the sweep does
-    traced = await intake.traceparents(pool, [photo_id])
+    traced = await intake.prepare_jobs(pool, [photo_id])  # before the XADD, as the sweep does
     context = {"traceparent": traced[photo_id]} if photo_id in traced else carried
     entry_id = await streams.for_lane("interactive").enqueue(task_fields(photo_id, context))
     await db.record_requeued(pool, photo_id, entry_id)

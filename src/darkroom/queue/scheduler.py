@@ -29,11 +29,13 @@ QUANTUM = 2_000_000
 
 @dataclass(frozen=True)
 class Pending:
-    """One bulk photo waiting in PostgreSQL; `cost` is pixels or bytes (None: unknown)."""
+    """One bulk photo waiting in PostgreSQL; `cost` is pixels or bytes (None: unknown);
+    `traceparent` its row's trace context, which its entry carries (None: untraced)."""
 
     photo_id: uuid.UUID
     tenant: str
     cost: int | None = None
+    traceparent: str | None = None
 
     @property
     def charge(self) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from darkroom.store import audit
-from darkroom.store.db import Pool, translated
+from darkroom.store.db import Connection, Pool, translated
 
 # Photos are locked in id order (two erases of overlapping lists never deadlock), each
 # before its job, as every statement that changes both does. Revoking the lease is what
@@ -96,6 +96,22 @@ async def erase(
         outcome: audit.Outcome = "dry_run" if dry_run else "started"
         await audit.record(conn, action, outcome, len(found.erased), found.detail())
     return found
+
+
+async def erase_row(conn: Connection, photo_id: uuid.UUID) -> bool:
+    """Erase one photo in the caller's transaction (a bulk erase's item, whose audit rows
+    are the action's): True if this commit erases it, False if it was erased already or
+    has no row."""
+    rows = await conn.fetch(ERASE_SQL, [photo_id])
+    return bool(rows) and rows[0]["was"] != "erased"
+
+
+@translated
+async def original_key(pool: Pool, photo_id: uuid.UUID) -> str | None:
+    """The photo's original's key (an erase keeps it in the row: its object is the
+    erase's to delete with `--original`); None: no row."""
+    key: str | None = await pool.fetchval("SELECT original_key FROM photos WHERE id = $1", photo_id)
+    return key
 
 
 def _erased(asked: list[uuid.UUID], rows: list[Any]) -> Erased:

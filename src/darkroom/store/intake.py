@@ -36,7 +36,7 @@ Notified = Callable[[str], None]
 # A re-render's claim leaves enqueued_at NULL (the photo stays processed while it renders),
 # so one a live lease holds is left out: its render is the follow-up, not a second entry.
 DUE_SQL = """
-(SELECT id, created_at, extract(epoch FROM now() - created_at)::float8 AS age_s
+(SELECT id, created_at, extract(epoch FROM now() - created_at)::float8 AS age_s, traceparent
  FROM photos
  WHERE enqueued_at IS NULL AND lane = 'interactive'
    AND processing_state IN ('uploaded', 'processing')
@@ -44,7 +44,7 @@ DUE_SQL = """
  ORDER BY created_at, id
  LIMIT $2)
 UNION ALL
-(SELECT id, updated_at, extract(epoch FROM now() - updated_at)::float8
+(SELECT id, updated_at, extract(epoch FROM now() - updated_at)::float8, traceparent
  FROM photos
  WHERE enqueued_at IS NULL AND lane = 'interactive'
    AND processing_state = 'processed' AND rerender_requested_at IS NOT NULL
@@ -65,7 +65,7 @@ FEEDABLE = """(processing_state IN ('uploaded', 'processing')
 
 # One tenant's oldest bulk photos still to feed. photos_bulk_backlog_idx.
 BACKLOG_SQL = f"""
-SELECT id, tenant, cost FROM photos
+SELECT id, tenant, cost, traceparent FROM photos
 WHERE enqueued_at IS NULL AND lane = 'bulk' AND {FEEDABLE}
   AND tenant = $1
 ORDER BY created_at, id
@@ -125,11 +125,15 @@ SELECT EXISTS (SELECT 1 FROM photos
 # Before the XADD: the job row exists, so a worker that reads the entry at once finds it to
 # lock (a claim racing the insert of the job row by record_requeued answers `busy`, and
 # the entry would wait DARKROOM_CLAIM_IDLE_MS).
-# A photo with no row gets none (its entry is `skipped`).
+# A photo with no row gets none (its entry is `skipped`). In the same statement, the trace
+# context of the traced photos among them, which their entries carry (docs/tracing.md).
 PREPARE_JOBS_SQL = """
-INSERT INTO photo_jobs (photo_id, type, state)
-SELECT id, 'process', 'pending' FROM photos WHERE id = ANY($1::uuid[])
-ON CONFLICT (photo_id, type) DO NOTHING
+WITH jobs AS (
+    INSERT INTO photo_jobs (photo_id, type, state)
+    SELECT id, 'process', 'pending' FROM photos WHERE id = ANY($1::uuid[])
+    ON CONFLICT (photo_id, type) DO NOTHING
+)
+SELECT id, traceparent FROM photos WHERE id = ANY($1::uuid[]) AND traceparent IS NOT NULL
 """
 # The feeder's, fenced ($2..$4, its duty): a feeder that lost its lease writes nothing and
 # learns it here, before its XADD. Whether the fence held, whatever the insert did.
@@ -185,31 +189,20 @@ async def has_unfed(pool: Pool, interactive: bool) -> bool:
     return bool(await pool.fetchval(UNFED_SQL, interactive))
 
 
-# The trace context of the photos about to be XADDed (the feeder's batch, a swept photo):
-# their entries carry it (docs/tracing.md). By primary key; only traced rows come back.
-TRACEPARENTS_SQL = """
-SELECT id, traceparent FROM photos WHERE id = ANY($1::uuid[]) AND traceparent IS NOT NULL
-"""
-
-
-@translated
-async def traceparents(
-    conn: Pool | PooledConnection | Connection, photo_ids: list[uuid.UUID]
-) -> dict[uuid.UUID, str]:
-    return {r["id"]: r["traceparent"] for r in await conn.fetch(TRACEPARENTS_SQL, photo_ids)}
-
-
 @translated
 async def prepare_jobs(
-    conn: Pool | PooledConnection | Connection,
-    photo_ids: list[uuid.UUID],
-    fence: Fence | None = None,
-) -> bool:
-    """The job rows, before the XADD. Under a duty's `fence` (the feeder's): False, with
-    nothing written, when the duty is lost."""
-    if fence is None:
-        await conn.execute(PREPARE_JOBS_SQL, photo_ids)
-        return True
+    conn: Pool | PooledConnection | Connection, photo_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, str]:
+    """The job rows, before the XADD (the sweep's, an operator's enqueue); the traced
+    photos' `traceparent`, by photo, for their entries."""
+    return {r["id"]: r["traceparent"] for r in await conn.fetch(PREPARE_JOBS_SQL, photo_ids)}
+
+
+@translated
+async def prepare_fed_jobs(conn: Connection, photo_ids: list[uuid.UUID], fence: Fence) -> bool:
+    """The feeder's job rows, before its XADD, under its duty's `fence`: False, with
+    nothing written, when the duty is lost. Its batch knows its trace context already:
+    the query that picked the rows read it."""
     return bool(await conn.fetchval(FED_JOBS_SQL, photo_ids, *fence.args))
 
 

@@ -1,6 +1,6 @@
 """The photo events outbox in PostgreSQL (photo_events in schema.sql): its queries, the
 dedicated LISTEN connection, and the CloudEvents 1.0 envelope of a row. The rows are written
-by the outcome statements themselves (publishing.PUBLISH_SQL, leases.FAIL_SQL and
+by the outcome statements themselves (publishing.PUBLISH_SQL, failures.FAIL_SQL and
 RERENDER_FAILED_SQL).
 """
 

@@ -24,7 +24,9 @@ from darkroom.store.db import Connection, Pool, translated
 # active) publishes; a holder that froze past its lease and was replaced changes nothing.
 # The requests it answers are those up to the generation its claim recorded: one made
 # during the render stays, with `enqueued_at` cleared so that the photo goes through again
-# (`again`). `lost`: the entry ($28) belongs to a newer lease, which acks it itself: it holds
+# (`again`). Renditions it left out for an upgrade ($31) are requested with it: any publish
+# starts its render's upgrade afresh (or ends the one of a render it replaced).
+# `lost`: the entry ($28) belongs to a newer lease, which acks it itself: it holds
 # the job (active), or left it pending through this entry (a retry's backoff, a release).
 PUBLISH_SQL = """
 WITH old AS (
@@ -44,6 +46,7 @@ WITH old AS (
         frames = $15, source_profile = $16, latitude = $17, longitude = $18,
         thumbhash = $19, dominant_color = $20,
         hdr = $21, focal_x = $29, focal_y = $30,
+        upgrade_requested_at = CASE WHEN $31 THEN now() END,
         rerendered_at = CASE WHEN processing_state = 'processed' THEN now()
                              ELSE rerendered_at END,
         rerender_requested_at = CASE WHEN rerender_generation > lease.generation
@@ -56,7 +59,7 @@ WITH old AS (
     WHERE photos.id = $1 AND old.id = $1
       AND (processing_state = 'processing'
            OR (processing_state = 'processed' AND rerender_requested_at IS NOT NULL))
-    RETURNING photos.id, old.renditions AS replaced, old.was,
+    RETURNING photos.id, old.renditions AS replaced, old.was, photos.lane,
               photos AS changed, photos.rerender_requested_at IS NOT NULL AS again
 ), job AS (
     UPDATE photo_jobs SET state = 'done', error_code = NULL, last_error = NULL,
@@ -88,7 +91,8 @@ SELECT CASE
           AND j.state IN ('active', 'pending') AND j.stream_entry = $28) THEN 'lost'
     ELSE 'already' END AS status,
     (SELECT min(replaced::text) FROM photo) AS replaced,
-    coalesce((SELECT bool_or(again) FROM photo), false) AS again
+    coalesce((SELECT bool_or(again) FROM photo), false) AS again,
+    (SELECT min(lane) FROM photo) AS lane
 """
 
 Status = Literal["published", "lost", "already", "erased"]
@@ -117,6 +121,7 @@ class Published:
     status: Status
     replaced: list[str] = field(default_factory=list)
     again: bool = False
+    lane: str | None = None  # the photo's, once published
 
 
 @translated
@@ -127,10 +132,11 @@ async def publish(
     renditions_json: str,
     lease: tuple[int, str],
     attempt: AttemptRow = AttemptRow(),
+    deferred: bool = False,
 ) -> Published:
     """Publish in one transaction under the lease (token, entry id) that rendered it, only
     from `processing` (or a requested re-render). A published photo's `attempt` row is
-    finished in the same commit."""
+    finished in the same commit. `deferred`: renditions were left for an upgrade."""
     row = await pool.fetchrow(
         PUBLISH_SQL,
         photo_id,
@@ -147,9 +153,10 @@ async def publish(
         *lease,
         facts.get("focal_x"),  # $29, $30: after the lease, so no earlier number moves
         facts.get("focal_y"),
+        deferred,
     )
     assert row is not None
-    return Published(row["status"], keys.keys_of(row["replaced"]), row["again"])
+    return Published(row["status"], keys.keys_of(row["replaced"]), row["again"], row["lane"])
 
 
 # the facts columns, in PUBLISH_SQL's parameter order ($7 onwards)

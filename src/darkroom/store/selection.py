@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from darkroom.store import db, lanes, publishing
+from darkroom.store import db, erasure, lanes, publishing
 from darkroom.store.db import Connection, Pool, translated
 from darkroom.store.intake import FEEDABLE, INTAKE_CHANNEL
 
@@ -33,6 +33,8 @@ class Selection(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     processed_until: datetime | None = None
     lane: str | None = None
     format: str | None = None
+    # False: only photos not erased yet (an erase's selection when it names no state)
+    erased: bool | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The frozen form the audit trail records (and a resume reads back)."""
@@ -60,6 +62,7 @@ CLAUSES = {
     "processed_until": "processed_at < ${}",
     "lane": "lane = ${}",
     "format": "format = ${}",
+    "erased": "(processing_state = 'erased') = ${}",
 }
 
 
@@ -201,6 +204,21 @@ WITH moved AS (
 )
 SELECT id, CASE WHEN to_feed THEN pg_notify('{INTAKE_CHANNEL}', id::text) END FROM moved
 """
+
+
+def eraser(selected: Selection) -> Act:
+    """The erase of a photo that still matches the selection (the row locked first), in
+    the item's transaction: its objects are the hand-over's to delete after the commit (no
+    render of it can publish from then on)."""
+    text, values = where(selected, 2)
+    still = f"SELECT 1 FROM photos WHERE id = $1 AND {text} FOR UPDATE"
+
+    async def erase(conn: Connection, photo_id: uuid.UUID) -> ItemState:
+        if await conn.fetchval(still, photo_id, *values) is None:
+            return "skipped"
+        return "acted" if await erasure.erase_row(conn, photo_id) else "skipped"
+
+    return erase
 
 
 def feeding(act: Act, lane: str | None) -> Act:
