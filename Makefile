@@ -102,7 +102,7 @@ chaos: $(STAMP) services
 BENCH_SCRIPTS := bench/render.py bench/pool.py bench/e2e.py bench/sweep.py bench/pages.py bench/history.py \
                  bench/events.py bench/hdr.py bench/limit.py bench/capacity.py bench/lanes.py \
                  bench/fairness.py bench/intake.py bench/flat.py bench/limits.py bench/bulk.py bench/quality.py \
-                 bench/avif.py bench/tracing.py
+                 bench/avif.py bench/tracing.py bench/pause.py
 BENCH_STAMP   := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): pyproject.toml uv.lock $(STAMP)

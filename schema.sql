@@ -363,7 +363,8 @@ CREATE TABLE IF NOT EXISTS operator_actions (
     action_id uuid        NOT NULL,
     at        timestamptz NOT NULL DEFAULT now(),
     operator  text        NOT NULL CHECK (operator <> ''),
-    via       text        NOT NULL CHECK (via IN ('cli', 'page', 'api')),
+    via       text        NOT NULL
+        CONSTRAINT operator_actions_via_check CHECK (via IN ('cli', 'page', 'api', 'timer')),
     action    text        NOT NULL,
     selection jsonb       NOT NULL DEFAULT '{}'::jsonb,
     count     bigint      CHECK (count >= 0),
@@ -448,6 +449,11 @@ ALTER TABLE photo_events ADD CONSTRAINT photo_events_type_check CHECK (type IN (
     'darkroom.photo.rerendered', 'darkroom.photo.rerender_failed',
     'darkroom.queue.paused', 'darkroom.queue.resumed', 'darkroom.photo.erased',
     'darkroom.photo.upgraded')) NOT VALID;
+-- A trail made before timed pauses ended themselves: its check admits `timer`, the
+-- automatic resume's `via`, from now on (NOT VALID: the rows there are checked already).
+ALTER TABLE operator_actions DROP CONSTRAINT IF EXISTS operator_actions_via_check;
+ALTER TABLE operator_actions ADD CONSTRAINT operator_actions_via_check
+    CHECK (via IN ('cli', 'page', 'api', 'timer')) NOT VALID;
 -- ---- end of pauses ------------------------------------------------------------------------
 
 -- W3C trace context of the photo (docs/tracing.md): filled by a PostgreSQL-only producer, or

@@ -1,7 +1,9 @@
 """The interleaving test's pause and resume (a mixin of tests/test_interleavings.py's
-machine): an operator pauses a lane, a tenant or everything, and resumes, between any two
+machine): an operator pauses a lane, a tenant or everything, for good or for a moment that
+runs out, and resumes, and a replica's watch ends the pauses that ran out, between any two
 calls of the workers. A user would notice a paused scope's photo claimed after the pause
-committed, and a photo that never ends once everything is resumed (the drain checks it)."""
+committed, a photo that never ends once everything is resumed (the drain checks it), and a
+pause whose end the events stream reports twice or never."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
+from darkroom.pausing import PauseWatch
 from darkroom.store import audit, pauses
 
 SCOPES = [(None, None), ("bulk", None), ("interactive", None), (None, "t1"), ("bulk", "t2")]
@@ -31,6 +34,12 @@ WHERE ($1::text IS NULL OR p.lane = $1) AND ($2::text IS NULL OR p.tenant = $2)
 """
 Scope = tuple[str | None, str | None]
 Counts = dict[Any, int]
+QUEUE_EVENTS_SQL = """
+SELECT type, data->>'lane' AS lane, data->>'tenant' AS tenant FROM photo_events
+WHERE type LIKE 'darkroom.queue.%' ORDER BY id
+"""
+# A timed pause short enough to have run out by the next step.
+MOMENT_S = 0.001
 
 
 class PauseRules:
@@ -69,6 +78,21 @@ class PauseRules:
         return {r["id"]: r["attempt"] for r in await self.rig.pool.fetch(ATTEMPTS_SQL, *scope)}
 
     @rule(scope=st.sampled_from(SCOPES))
+    def pause_for_a_moment(self, scope: Scope) -> None:
+        """`pause --for`, run out at once: it replaces the scope's pause, holds nothing from
+        the next step on, and ends with one `resumed` event (by a watch, a pause or a
+        resume, whichever comes first)."""
+        note(f"pause {scope} for a moment")
+        self.paused.pop(scope, None)
+        self._do(pauses.pause(self.rig.pool, operator("pause"), scope, MOMENT_S))
+
+    @rule()
+    def watch(self) -> None:
+        """A replica's watch reads the pauses, ending those that ran out."""
+        note("a watch looks")
+        self._do(PauseWatch(self.rig.pool, lambda _: None).look())
+
+    @rule(scope=st.sampled_from(SCOPES))
     def resume(self, scope: Scope) -> None:
         note(f"resume {scope}")
         self._do(self._resume(scope))
@@ -87,6 +111,23 @@ class PauseRules:
                 before.setdefault(photo, n)  # into bulk): its earlier attempts are no claims
             grew = {p: (before[p], n) for p, n in now.items() if n > before[p]}
             assert not grew, f"paused {scope}, yet claimed (attempts before, now): {grew}"
+
+    @invariant()
+    def every_pause_ends_once(self) -> None:
+        """Per scope, the events stream alternates: a `resumed` only for a pause open
+        (one `paused` or more: a pause again replaces it), and a scope is open exactly
+        while its row is in queue_pauses (in force, or run out and not ended yet)."""
+        events = self._do(self.rig.pool.fetch(QUEUE_EVENTS_SQL))
+        rows = self._do(self.rig.pool.fetch("SELECT lane, tenant FROM queue_pauses"))
+        open_: set[Scope] = set()
+        for event in events:
+            scope = (event["lane"], event["tenant"])
+            if event["type"] == pauses.RESUMED:
+                assert scope in open_, f"{scope} resumed twice, or before it was paused"
+                open_.discard(scope)
+            else:
+                open_.add(scope)
+        assert open_ == {(r["lane"], r["tenant"]) for r in rows}, "a pause ended unreported"
 
 
 def _inside(held: Scope, scope: Scope) -> bool:

@@ -44,11 +44,14 @@ class Servers:
         self.tmp, self.certs = tmp, certs
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, *args: str, config: str | None = None) -> int:
-        """Start one server (its own dir and log) on a free port; returns the port."""
+    def start(
+        self, name: str, *args: str, config: str | None = None, port: int | None = None
+    ) -> int:
+        """Start one server (its own dir and log) on `port` (a restart) or a free one;
+        returns the port."""
         folder = self.tmp / name
         folder.mkdir(parents=True, exist_ok=True)
-        port = free_port()
+        port = port or free_port()
         cmd = ["redis-server", *([config] if config else []), *args, *self._listen(port)]
         cmd += ["--dir", str(folder), "--logfile", str(folder / "log"), *NO_PERSISTENCE]
         self.procs.append(subprocess.Popen(cmd, cwd=folder))

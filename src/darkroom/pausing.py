@@ -1,7 +1,8 @@
 """Each worker's copy of the pauses (queue_pauses in PostgreSQL, the truth): re-read every
 POLL_S, so every replica stops reading a paused lane, and its feeder feeding a paused
 tenant, within a second of the pause's commit. The claim reads the table itself
-(leases.CLAIM_SQL), so a copy a moment old never lets a paused photo start.
+(leases.CLAIM_SQL), so a copy a moment old never lets a paused photo start. A watch that
+reads a timed pause past its time ends it (its `resumed` event): of many replicas, one does.
 """
 
 from __future__ import annotations
@@ -41,16 +42,35 @@ class PauseWatch:
         """Read the pauses once; while the database fails, the last copy stands (the
         claim refuses a paused photo whatever this copy says)."""
         try:
-            now = Paused.of(await pauses.active(self.pool))
+            active, ran_out = await pauses.watched(self.pool)
         except DarkroomError as exc:
-            quiet = self._throttle.allow(exc.code, anyio.current_time())
-            if quiet is not None:
-                log.warning("reading the pauses failed", error_code=exc.code, error=str(exc))
+            self._failed("reading the pauses failed", exc)
             return
         self._throttle.clear()
+        self._compare(Paused.of(active))
+        if ran_out:
+            await self._expire()
+
+    def _compare(self, now: Paused) -> None:
         if now != self.paused:
             self.paused = now
             scopes = sorted(f"{p.lane or '*'}/{'*' if p.tenant is None else p.tenant}"
                             for p in now.pauses)  # fmt: skip
             log.info("pauses changed", paused=scopes)
             self.heard(now)
+
+    async def _expire(self) -> None:
+        """End the timed pauses past their time; a failure leaves them to the next look
+        (they hold nothing meanwhile: every reader compares `until` with now())."""
+        try:
+            ended = await pauses.expire(self.pool)
+        except DarkroomError as exc:
+            self._failed("ending a timed pause failed", exc)
+            return
+        for row in ended:
+            log.info("timed pause ran out", lane=row["lane"], tenant=row["tenant"],
+                     until=row["until"].isoformat())  # fmt: skip
+
+    def _failed(self, what: str, exc: DarkroomError) -> None:
+        if self._throttle.allow(exc.code, anyio.current_time()) is not None:
+            log.warning(what, error_code=exc.code, error=str(exc))

@@ -13,8 +13,18 @@ N_ERASE, N_ERASE_IN_FLIGHT = 5, 2
 # A claim whose statement began before the pause committed may carry a `started_at` just
 # after the pause's `since` (both are their transaction's now()): the rule starts after this.
 PAUSE_GRACE_S = 1.0
-SCOPE_SQL = "SELECT since, until FROM queue_pauses WHERE lane IS NOT DISTINCT FROM $1"
-RESUMED_SQL = "SELECT max(at) AS at FROM operator_actions WHERE action = 'resume'"
+# The scope's last pause as its `paused` event says: a timed one's row is deleted once it ran
+# out (by the first worker's watch), which may be before this reads it on a loaded machine.
+SCOPE_SQL = """
+SELECT (data->>'since')::timestamptz AS since, (data->>'until')::timestamptz AS until
+FROM photo_events WHERE type = 'darkroom.queue.paused' AND data->>'lane' IS NOT DISTINCT FROM $1
+  AND data->>'tenant' IS NULL
+ORDER BY id DESC LIMIT 1
+"""
+# The operator's resume, not a timed pause's automatic one (via `timer`).
+RESUMED_SQL = (
+    "SELECT max(at) AS at FROM operator_actions WHERE action = 'resume' AND via <> 'timer'"
+)
 # Attempts of the paused scope (the entry's lane or the photo's own) around a pause window.
 WINDOW_SQL = """
 SELECT a.photo_id::text, a.started_at,

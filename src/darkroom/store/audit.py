@@ -15,7 +15,8 @@ import msgspec
 
 from darkroom.store.db import Connection, Pool, translated
 
-Via = Literal["cli", "page", "api"]
+# `timer`: what an operator set to happen later (a timed pause running out).
+Via = Literal["cli", "page", "api", "timer"]
 Outcome = Literal["started", "done", "dry_run", "refused", "failed", "interrupted"]
 REASON_MAX_CHARS = 2000
 

@@ -1,7 +1,8 @@
 """Pauses in PostgreSQL (queue_pauses): the truth every replica reads, so a pause outlives
 any worker and Redis. A pause and a resume each commit with their event (photo_events, the
 outbox) and their audit row (operator_actions) in one transaction. A pause past its
-`until` is no pause: every reader compares it with now(), so none has to end it.
+`until` is no pause: every reader compares it with now(), so it holds nothing from then on;
+its row is ended once by whoever comes first (`expire`), with its `resumed` event.
 """
 
 from __future__ import annotations
@@ -31,13 +32,21 @@ ON CONFLICT (coalesce(lane, ''), coalesce(tenant, ''), (tenant IS NULL)) DO UPDA
 RETURNING {COLUMNS}
 """
 # Resuming a scope ends every pause inside it: no lane resumes them in every lane, no
-# tenant resumes each tenant's too. An expired pause goes as well, unreported.
+# tenant resumes each tenant's too. Its transaction expires the timed ones first, with the
+# same now(): every row this finds is in force.
 RESUME_SQL = f"""
 DELETE FROM queue_pauses
 WHERE ($1::text IS NULL OR lane = $1) AND ($2::text IS NULL OR tenant = $2)
-RETURNING {COLUMNS}, {LIVE} AS live
+RETURNING {COLUMNS}
 """
-EXPIRED_SQL = "DELETE FROM queue_pauses WHERE NOT " + LIVE
+# A timed pause that ran out. Every replica's watch, and every pause and resume, may run
+# this at once: a row is deleted by one transaction only (a second DELETE waits for the
+# first's commit, then finds the row gone and returns nothing), so each pause gets exactly
+# one `resumed` event and one audit row, written in that deleting transaction.
+EXPIRE_SQL = f"DELETE FROM queue_pauses WHERE NOT {LIVE} RETURNING {COLUMNS}"
+# The watch's read: every row, and whether it is still in force (one that is not is
+# expired by the reader).
+WATCH_SQL = f"SELECT {COLUMNS}, {LIVE} AS live FROM queue_pauses"
 EVENT_SQL = """
 INSERT INTO photo_events (photo_id, type, data) VALUES ($1, $2, $3::jsonb)
 RETURNING pg_notify('darkroom_events', darkroom_event_notice(id, photo_id, type))
@@ -56,7 +65,7 @@ async def pause(
 ) -> dict[str, Any]:
     """Pause `scope` (lane, tenant) until resumed or for `for_s`; the pause as stored."""
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(EXPIRED_SQL)
+        await _expire(conn)
         stored = await conn.fetchrow(PAUSE_SQL, *scope, action.operator, action.reason, for_s)
         assert stored is not None  # an upsert returns its row
         row = dict(stored)
@@ -71,13 +80,44 @@ async def resume(
 ) -> list[dict[str, Any]]:
     """End every pause inside `scope`; those that were in force."""
     async with pool.acquire() as conn, conn.transaction():
-        rows = [dict(r) for r in await conn.fetch(RESUME_SQL, *scope)]
-        ended = [{k: v for k, v in r.items() if k != "live"} for r in rows if r["live"]]
+        await _expire(conn)
+        ended = [dict(r) for r in await conn.fetch(RESUME_SQL, *scope)]
         for row in ended:
-            await _event(conn, RESUMED, {**row, "resumed_by": action.operator})
+            await _event(conn, RESUMED, {**row, "resumed_by": action.operator, "expired": False})
         detail = {"resumed": [{"lane": r["lane"], "tenant": r["tenant"]} for r in ended]}
         await audit.record(conn, action, "done", len(ended), detail)
     return ended
+
+
+@translated
+async def watched(pool: Pool) -> tuple[list[dict[str, Any]], bool]:
+    """The pauses in force now, and whether a timed one ran out and is still to `expire`."""
+    rows = [dict(row) for row in await pool.fetch(WATCH_SQL)]
+    return [{k: v for k, v in r.items() if k != "live"} for r in rows if r["live"]], any(
+        not r["live"] for r in rows
+    )
+
+
+@translated
+async def expire(pool: Pool) -> list[dict[str, Any]]:
+    """End the timed pauses that ran out; those this call ended (none if another did)."""
+    async with pool.acquire() as conn, conn.transaction():
+        return await _expire(conn)
+
+
+async def _expire(conn: Connection) -> list[dict[str, Any]]:
+    ended = [dict(row) for row in await conn.fetch(EXPIRE_SQL)]
+    for row in ended:
+        await _event(conn, RESUMED, {**row, "resumed_by": None, "expired": True})
+        await audit.record(conn, _timer(row), "done", 1, {"until": row["until"]})
+    return ended
+
+
+def _timer(row: dict[str, Any]) -> audit.Action:
+    """The automatic resume of a timed pause: under the name of who set its time."""
+    return audit.Action(operator=row["operator"], via="timer", action="resume",
+                        selection={"lane": row["lane"], "tenant": row["tenant"]},
+                        reason="timed pause ran out")  # fmt: skip
 
 
 async def _event(conn: Connection, type_: str, row: dict[str, Any]) -> None:
