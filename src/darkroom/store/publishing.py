@@ -15,6 +15,31 @@ from typing import Any, Literal
 from darkroom.store import keys
 from darkroom.store.db import Connection, Pool, translated
 
+
+def published_and_answered(done: str, attempt: int, entry: int) -> str:
+    """The end a fenced publish shares with the upgrade's: the delivery's history row
+    (${attempt}, its stage times the four parameters after it) finished as `published` when
+    `photo` changed, and the statement's answer: `done`, `erased`, `lost` (no lease matched
+    and the job waits for another entry than ${entry}) or `already`."""
+    d, r, u, m = (f"${attempt + n}" for n in range(1, 5))
+    return f"""    UPDATE photo_attempts SET ended_at = now(), outcome = 'published',
+        download_ms = {d}, render_ms = {r}, upload_ms = {u}, peak_rss_mb = {m},
+        publish_ms = extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000
+    WHERE id = ${attempt} AND EXISTS (SELECT 1 FROM photo)
+)
+SELECT CASE
+    WHEN EXISTS (SELECT 1 FROM photo) THEN '{done}'
+    WHEN EXISTS (SELECT 1 FROM old WHERE was = 'erased') THEN 'erased'
+    WHEN NOT EXISTS (SELECT 1 FROM lease) AND EXISTS (
+        SELECT 1 FROM photo_jobs j WHERE j.photo_id = $1 AND j.type = 'process'
+          AND j.state IN ('active', 'pending') AND j.stream_entry = ${entry}) THEN 'lost'
+    ELSE 'already' END AS status,
+    (SELECT min(replaced::text) FROM photo) AS replaced,
+    coalesce((SELECT bool_or(again) FROM photo), false) AS again,
+    (SELECT min(lane) FROM photo) AS lane
+"""
+
+
 # A first render moves `processing` → `processed` and publishes. A re-render (a processed
 # photo with a request) replaces renditions and facts in place: the photo stays processed,
 # keeps its visibility and `processed_at`, and gets `rerendered_at`. `old` locks the row
@@ -78,22 +103,7 @@ WITH old AS (
     -- commit: one statement less per photo than a separate UPDATE after it. Its publish_ms
     -- is this statement's own time in PostgreSQL so far (the worker cannot know the
     -- round trip before it ends).
-    UPDATE photo_attempts SET ended_at = now(), outcome = 'published',
-        download_ms = $23, render_ms = $24, upload_ms = $25, peak_rss_mb = $26,
-        publish_ms = extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000
-    WHERE id = $22 AND EXISTS (SELECT 1 FROM photo)
-)
-SELECT CASE
-    WHEN EXISTS (SELECT 1 FROM photo) THEN 'published'
-    WHEN EXISTS (SELECT 1 FROM old WHERE was = 'erased') THEN 'erased'
-    WHEN NOT EXISTS (SELECT 1 FROM lease) AND EXISTS (
-        SELECT 1 FROM photo_jobs j WHERE j.photo_id = $1 AND j.type = 'process'
-          AND j.state IN ('active', 'pending') AND j.stream_entry = $28) THEN 'lost'
-    ELSE 'already' END AS status,
-    (SELECT min(replaced::text) FROM photo) AS replaced,
-    coalesce((SELECT bool_or(again) FROM photo), false) AS again,
-    (SELECT min(lane) FROM photo) AS lane
-"""
+""" + published_and_answered("published", attempt=22, entry=28)
 
 Status = Literal["published", "lost", "already", "erased"]
 

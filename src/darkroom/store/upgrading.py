@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from darkroom.store import keys
+from darkroom.store import keys, publishing
 from darkroom.store.db import Pool, translated
 from darkroom.store.duties import Fence, fenced
 from darkroom.store.publishing import AttemptRow
@@ -65,22 +65,7 @@ WITH old AS (
     SELECT id, 'darkroom.photo.upgraded', darkroom_event_data(changed, NULL, NULL) FROM photo
     RETURNING pg_notify('darkroom_events', darkroom_event_notice(id, photo_id, type))
 ), attempt AS (
-    UPDATE photo_attempts SET ended_at = now(), outcome = 'published',
-        download_ms = $6, render_ms = $7, upload_ms = $8, peak_rss_mb = $9,
-        publish_ms = extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000
-    WHERE id = $5 AND EXISTS (SELECT 1 FROM photo)
-)
-SELECT CASE
-    WHEN EXISTS (SELECT 1 FROM photo) THEN 'upgraded'
-    WHEN EXISTS (SELECT 1 FROM old WHERE was = 'erased') THEN 'erased'
-    WHEN NOT EXISTS (SELECT 1 FROM lease) AND EXISTS (
-        SELECT 1 FROM photo_jobs j WHERE j.photo_id = $1 AND j.type = 'process'
-          AND j.state IN ('active', 'pending') AND j.stream_entry = $4) THEN 'lost'
-    ELSE 'already' END AS status,
-    (SELECT min(replaced::text) FROM photo) AS replaced,
-    coalesce((SELECT bool_or(again) FROM photo), false) AS again,
-    (SELECT min(lane) FROM photo) AS lane
-"""
+""" + publishing.published_and_answered("upgraded", attempt=5, entry=4)
 
 Status = Literal["upgraded", "lost", "already", "erased"]
 NO_ROW = AttemptRow()
