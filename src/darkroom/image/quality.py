@@ -1,8 +1,12 @@
-"""The lowest encoder quality that meets a perceptual target, per photo and rendition.
+"""The encoder quality per photo for a perceptual target.
 
-A bisection over quality, each step one encode of a sample of the rendition's own pixels
-(tiles across the frame) scored by a cheap two-scale SSIM of luma, mapped onto SSIMULACRA2's
-scale by a fit bench/quality.py measured; then the one full encode at the quality chosen.
+Each trial is one encode of a sample of the rendition's own pixels (tiles across the frame)
+scored by a cheap two-scale SSIM of luma, mapped onto SSIMULACRA2's scale by a fit
+bench/quality.py measured; then the one full encode at the quality chosen. score=N bisects
+to N. q=auto is relative: the photo's own score at the fixed quality says how far above the
+floor it sits, and the quality drops by the score difference that allows (a difference
+between two encodes of one photo cancels the metric's per-photo offset); the drop chosen on
+a photo's first rendition of a format is reused by its others.
 """
 
 from __future__ import annotations
@@ -35,6 +39,19 @@ FIT: dict[str, tuple[float, float]] = {
     "avif": (13.73, -39.88),
 }
 
+# q=auto: the score drop allowed is SLOPE x (score at the fixed quality - floor), at most
+# MAX_DROP (bench/quality.py --rules calibrated them on half the corpus, checked on the rest).
+SLOPE = 1.0
+MAX_DROP = 10.0
+# The predicted drop per quality step, near the fixed quality, for the first guess of the
+# second trial (camera photos at 1024-2048 px: WebP 80 -> 60 loses 7-10 points, JPEG 82 -> 60
+# 9-16).
+PER_STEP: dict[str, float] = {"webp": 0.45, "jpeg": 0.55, "avif": 0.45}
+# A rendition with a long edge under this keeps the fixed quality under q=auto: at thumbnail
+# size the luma metric misses what SSIMULACRA2 sees (predicted 75, measured 44 on a wide-gamut
+# photo's 320 px thumbnail), and thumbnails are a few percent of the bytes.
+MIN_RELATIVE = 512
+
 Encode = Callable[[pyvips.Image, int], bytes]
 Save = Callable[[pyvips.Image, RenditionSpec], bytes]
 
@@ -46,6 +63,10 @@ class Choice:
 
     def __init__(self, quality: int, score: float) -> None:
         self.quality, self.score = quality, score
+
+
+# A photo's q=auto decisions by format: the quality drop (as `quality`) and the score.
+Decided = dict[str, Choice]
 
 
 def choose(image: pyvips.Image, fmt: str, target: float, encode: Encode) -> Choice:
@@ -61,6 +82,24 @@ def choose(image: pyvips.Image, fmt: str, target: float, encode: Encode) -> Choi
     if high not in scores:
         scores[high] = similarity(fmt, reference, luma(_decoded(encode(sample, high))))
     return Choice(high, round(scores[high], 2))
+
+
+def relative(image: pyvips.Image, fmt: str, fixed: int, floor: float, encode: Encode) -> Choice:
+    """At most two trials: the score at the fixed quality, then one lower guess; the lowest
+    quality whose predicted drop stays within the allowance (interpolated between the two)."""
+    sample = sampled(image)
+    reference = luma(sample)
+    top = similarity(fmt, reference, luma(_decoded(encode(sample, fixed))))
+    allowed = max(0.0, min(MAX_DROP, SLOPE * (top - floor)))
+    lowest = RANGE[fmt][0]
+    guess = max(lowest, fixed - math.ceil(allowed / PER_STEP[fmt]))
+    if guess >= fixed:
+        return Choice(fixed, round(top, 2))
+    drop = top - similarity(fmt, reference, luma(_decoded(encode(sample, guess))))
+    if drop <= allowed:
+        return Choice(guess, round(top - drop, 2))
+    steps = math.floor((fixed - guess) * allowed / drop)
+    return Choice(fixed - steps, round(top - drop * steps / (fixed - guess), 2))
 
 
 def sampled(image: pyvips.Image) -> pyvips.Image:
@@ -128,15 +167,32 @@ def _decoded(data: bytes) -> pyvips.Image:
 
 
 def encoded(
-    image: pyvips.Image, spec: RenditionSpec, save: Save
+    image: pyvips.Image, spec: RenditionSpec, save: Save, decided: Decided | None = None
 ) -> tuple[bytes, int, float | None]:
     """The rendition's bytes, the quality they were encoded at and, for a spec with a
     target, the calibrated score its sample reached (None at a fixed quality, and for an
-    image too small to score)."""
+    image too small to score). `decided` holds a photo's q=auto drops by format: the first
+    rendition of a format chooses, the others reuse its drop (and report its score)."""
     if spec.target is None or min(image.width, image.height) < MIN_SCORED:
         return save(image, spec), spec.quality, None
+    if spec.auto:
+        return _relative(image, spec, save, {} if decided is None else decided)
     choice = choose(image, spec.format, spec.target, lambda i, q: save(i, _at(spec, q)))
     return save(image, _at(spec, choice.quality)), choice.quality, choice.score
+
+
+def _relative(
+    image: pyvips.Image, spec: RenditionSpec, save: Save, decided: Decided
+) -> tuple[bytes, int, float | None]:
+    if max(image.width, image.height) < MIN_RELATIVE:
+        return save(image, spec), spec.quality, None
+    if spec.format not in decided:
+        encode: Encode = lambda i, q: save(i, _at(spec, q))  # noqa: E731
+        choice = relative(image, spec.format, spec.quality, spec.target or 0.0, encode)
+        decided[spec.format] = Choice(spec.quality - choice.quality, choice.score)
+    drop = decided[spec.format]
+    chosen = max(RANGE[spec.format][0], min(spec.quality, spec.quality - drop.quality))
+    return save(image, _at(spec, chosen)), chosen, drop.score
 
 
 def _at(spec: RenditionSpec, quality: int) -> RenditionSpec:
