@@ -23,7 +23,7 @@ DEFAULT_QUALITY: dict[str, int] = {"webp": 80, "jpeg": 82, "avif": 67, "png": 10
 # q=auto's floor per format: a photo whose predicted score at DEFAULT_QUALITY sits above it
 # may drop in proportion, one at or below it keeps DEFAULT_QUALITY (image/quality.py
 # `relative`; calibrated by bench/quality.py, docs/photos.md "A quality target per rendition").
-AUTO_TARGET: dict[str, float] = {"webp": 66.0, "jpeg": 66.0, "avif": 66.0}
+AUTO_TARGET: dict[str, float] = {"webp": 60.0, "jpeg": 60.0, "avif": 60.0}
 SCORES = (30, 95)
 # Formats whose encode would move an interactive photo's first publish (bench/avif.py: AVIF
 # at 1024 and 2048 px costs more CPU than the rest of the default list's render together):

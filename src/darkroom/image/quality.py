@@ -41,7 +41,7 @@ FIT: dict[str, tuple[float, float]] = {
 
 # q=auto: the score drop allowed is SLOPE x (score at the fixed quality - floor), at most
 # MAX_DROP (bench/quality.py --rules calibrated them on half the corpus, checked on the rest).
-SLOPE = 1.0
+SLOPE = 0.75
 MAX_DROP = 10.0
 # The predicted drop per quality step, near the fixed quality, for the first guess of the
 # second trial (camera photos at 1024-2048 px: WebP 80 -> 60 loses 7-10 points, JPEG 82 -> 60
@@ -72,7 +72,7 @@ Decided = dict[str, Choice]
 def choose(image: pyvips.Image, fmt: str, target: float, encode: Encode) -> Choice:
     """The lowest quality in RANGE whose sample scores at least `target`, else the top."""
     sample = sampled(image)
-    reference = luma(sample)
+    reference = Reference(luma(sample))
     low, high = RANGE[fmt]
     scores: dict[int, float] = {}
     for _ in range(STEPS):
@@ -88,7 +88,7 @@ def relative(image: pyvips.Image, fmt: str, fixed: int, floor: float, encode: En
     """At most two trials: the score at the fixed quality, then one lower guess; the lowest
     quality whose predicted drop stays within the allowance (interpolated between the two)."""
     sample = sampled(image)
-    reference = luma(sample)
+    reference = Reference(luma(sample))
     top = similarity(fmt, reference, luma(_decoded(encode(sample, fixed))))
     allowed = max(0.0, min(MAX_DROP, SLOPE * (top - floor)))
     lowest = RANGE[fmt][0]
@@ -128,24 +128,44 @@ def luma(image: pyvips.Image) -> np.ndarray:
     return np.asarray(0.299 * pixels[:, :, 0] + 0.587 * pixels[:, :, 1] + 0.114 * pixels[:, :, 2])
 
 
-def similarity(fmt: str, reference: np.ndarray, distorted: np.ndarray) -> float:
-    """SSIMULACRA2-scaled score of `distorted` against `reference` (equal shapes)."""
+class Reference:
+    """A sample's luma with its box means and variances at both scales, computed once for
+    all of its trials (they are 2 of the 5 box filters a score costs)."""
+
+    __slots__ = ("scales",)
+
+    def __init__(self, pixels: np.ndarray) -> None:
+        self.scales = [_stats(pixels), _stats(_half(pixels))]
+
+
+def _stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    mx = _box(x)
+    return x, mx, _box(x * x) - mx * mx
+
+
+def similarity(fmt: str, reference: np.ndarray | Reference, distorted: np.ndarray) -> float:
+    """SSIMULACRA2-scaled score of `distorted` against `reference` (equal shapes), at most
+    100 as on that scale: the fit's line runs past it for a near-lossless encode (a smooth
+    sky), where a drop between two qualities would otherwise be one of extrapolation."""
     a, b = FIT[fmt]
-    return a + b * math.log10(max(loss(reference, distorted), 1e-6))
+    return min(100.0, a + b * math.log10(max(loss(reference, distorted), 1e-6)))
 
 
-def loss(reference: np.ndarray, distorted: np.ndarray) -> float:
+def loss(reference: np.ndarray | Reference, distorted: np.ndarray) -> float:
     """1 - SSIM pooled as a 4-norm (a few bad boxes weigh more than a mean lets them, as in
     SSIMULACRA2), averaged over full and half scale: what the fit maps onto SSIMULACRA2."""
-    half = _ssim_loss(_half(reference), _half(distorted))
-    return (_ssim_loss(reference, distorted) + half) / 2
+    if not isinstance(reference, Reference):
+        reference = Reference(reference)
+    full, half = reference.scales
+    return (_ssim_loss(full, distorted) + _ssim_loss(half, _half(distorted))) / 2
 
 
-def _ssim_loss(x: np.ndarray, y: np.ndarray) -> float:
+def _ssim_loss(stats: tuple[np.ndarray, np.ndarray, np.ndarray], y: np.ndarray) -> float:
     """The 4-norm of 1 - SSIM over WINDOW-wide boxes (box means from summed-area tables)."""
     c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
-    mx, my = _box(x), _box(y)
-    vx, vy, cov = _box(x * x) - mx * mx, _box(y * y) - my * my, _box(x * y) - mx * my
+    x, mx, vx = stats
+    my = _box(y)
+    vy, cov = _box(y * y) - my * my, _box(x * y) - mx * my
     ssim = ((2 * mx * my + c1) * (2 * cov + c2)) / ((mx * mx + my * my + c1) * (vx + vy + c2))
     return float(((1.0 - ssim) ** 4).mean() ** 0.25)
 
