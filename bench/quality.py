@@ -176,7 +176,8 @@ def main() -> None:
         f"thread; CPU is user+system seconds of this process (the machine was shared: "
         f"load changes CPU seconds less than wall time, but not nothing). q=auto rules are "
         f"FLOOR,SLOPE,MAX (image/quality.py `relative`); per photo: bytes, SSIMULACRA2 "
-        f"lowest/lowest at ≥ {quality.MIN_RELATIVE} px, CPU, qualities."
+        f"lowest/lowest at ≥ {quality.MIN_RELATIVE} px, CPU, qualities in the order the "
+        f"render returns them (large, medium WebP, medium JPEG, thumb)."
         f"\n\n{compare(photos, args.rules.split(';'))}"
     )
     print(body)
