@@ -72,6 +72,38 @@ def test_a_higher_target_never_chooses_a_lower_quality() -> None:
     assert low.quality <= high.quality and len(low.data) <= len(high.data)
 
 
+@pytest.mark.parametrize("name", ["Landscape_1.jpg", "iphone_hdr_NO.jpg", "embedgravitybird.png"])
+def test_q_auto_is_never_above_the_fixed_quality_nor_larger(name: str) -> None:
+    """q=auto only ever lowers the quality from the fixed one: bytes never go up."""
+    auto = parse_renditions("b:1024:webp:q=auto,j:1024:jpeg:q=auto")
+    fixed = parse_renditions("b:1024:webp,j:1024:jpeg")
+    data = (PHOTOS / name).read_bytes()
+    pairs = zip(render(data, auto, MAX_PIXELS).renditions,
+                render(data, fixed, MAX_PIXELS).renditions, strict=True)  # fmt: skip
+    for a, f in pairs:
+        assert a.quality <= f.quality and len(a.data) <= len(f.data)
+
+
+def test_a_photo_at_or_below_the_floor_keeps_the_fixed_quality() -> None:
+    """The relative rule: no drop allowed when the score at the fixed quality is not above
+    the floor; a lower floor never chooses a higher quality."""
+    image = pyvips.Image.new_from_buffer(_hard(), "")
+    encode = lambda i, q: bytes(i.webpsave_buffer(Q=q))  # noqa: E731
+    assert quality.relative(image, "webp", 80, 100.0, encode).quality == 80
+    chosen = [quality.relative(image, "webp", 80, f, encode).quality for f in (0, 40, 60, 100)]
+    assert chosen == sorted(chosen) and chosen[0] < 80
+
+
+def test_q_auto_chooses_once_per_photo_and_format_and_keeps_thumbnails_fixed() -> None:
+    """The drop chosen on a photo's largest WebP is reused by its other WebPs; a rendition
+    under MIN_RELATIVE (a thumbnail the metric misjudges) keeps the fixed quality."""
+    data = (PHOTOS / "Landscape_1.jpg").read_bytes()
+    text = "l:1600:webp:q=auto,m:800:webp:q=auto,t:320:webp:q=auto"
+    large, medium, thumb = render(data, parse_renditions(text), MAX_PIXELS).renditions
+    assert large.quality == medium.quality < 80 and large.score == medium.score
+    assert (thumb.quality, thumb.score) == (80, None)
+
+
 # sha256 prefixes of the default list (plus a cropped box) as main rendered them before
 # quality targets existed: a fixed quality must keep encoding exactly the same bytes.
 BEFORE = {
@@ -95,7 +127,7 @@ def test_the_manifest_records_the_chosen_quality_and_score_of_a_target_only() ->
     """A q=auto rendition's row entry names its quality and score; a fixed one is as before."""
     data = (PHOTOS / "Landscape_1.jpg").read_bytes()
     auto, fixed = render(
-        data, parse_renditions("a:320:webp:q=auto,f:320:jpeg"), MAX_PIXELS
+        data, parse_renditions("a:640:webp:q=auto,f:640:jpeg"), MAX_PIXELS
     ).renditions
     key = f"renditions/{uuid.uuid4()}/a.webp"
     described = uploads.described(auto, key)

@@ -20,10 +20,10 @@ EXTENSIONS: dict[str, str] = {"webp": "webp", "jpeg": "jpg", "avif": "avif", "pn
 # AVIF 67 (effort 4): the JPEG fallback's mean SSIMULACRA2 at about 32 % fewer bytes
 # (bench/avif.py; docs/photos.md "Modern formats with a fallback").
 DEFAULT_QUALITY: dict[str, int] = {"webp": 80, "jpeg": 82, "avif": 67, "png": 100}
-# q=auto's SSIMULACRA2 target per format: the lowest score DEFAULT_QUALITY reached over the
-# team's camera photos, so the worst-looking photo looks as it does at a fixed quality
-# (bench/quality.py, docs/photos.md "A quality target per rendition").
-AUTO_TARGET: dict[str, float] = {"webp": 68.0, "jpeg": 72.0, "avif": 68.0}
+# q=auto's floor per format: a photo whose predicted score at DEFAULT_QUALITY sits above it
+# may drop in proportion, one at or below it keeps DEFAULT_QUALITY (image/quality.py
+# `relative`; calibrated by bench/quality.py, docs/photos.md "A quality target per rendition").
+AUTO_TARGET: dict[str, float] = {"webp": 60.0, "jpeg": 60.0, "avif": 60.0}
 SCORES = (30, 95)
 # Formats whose encode would move an interactive photo's first publish (bench/avif.py: AVIF
 # at 1024 and 2048 px costs more CPU than the rest of the default list's render together):
@@ -51,6 +51,9 @@ class RenditionSpec(msgspec.Struct, frozen=True):
     crop: Crop | None = None
     # An SSIMULACRA2 score to reach: the quality is then chosen per photo (image/quality.py)
     target: float | None = None
+    # q=auto: `target` is a floor, and the quality drops from `quality` relative to the
+    # photo's own score at it (image/quality.py `relative`); score=N bisects to `target`.
+    auto: bool = False
     # Rendered after an interactive photo's first publish, in the bulk lane, as an upgrade
     # (`:defer`, or a HEAVY format without `:inline`): upgrades.py, docs/photos.md.
     deferred: bool = False
@@ -108,7 +111,8 @@ def _spec(item: str) -> RenditionSpec:
         raise ValueError(f"{item!r}: crop needs a box (WIDTHxHEIGHT)")
     crop = _CROPS[options["crop"]] if "crop" in options else None
     deferred = "defer" in flags or (fmt in HEAVY and "inline" not in flags)
-    return RenditionSpec(fields[0], max(edges), fmt, quality, box, crop, target, deferred)  # type: ignore[arg-type]
+    auto = options.get("q") == "auto"
+    return RenditionSpec(fields[0], max(edges), fmt, quality, box, crop, target, auto, deferred)  # type: ignore[arg-type]
 
 
 def _target(item: str, fmt: str, options: dict[str, str]) -> float | None:

@@ -380,17 +380,18 @@ def _cascade(
     and the same format and quality are one encode: identical bytes, their own objects.
     Boxes come last, each from the smallest image of the cascade that covers it."""
     current, renditions, chain = base, [], [base]
-    encoded: dict[tuple[str, int, float | None], Rendered] = {}  # of `current`, by format
+    encoded: dict[tuple[str, int, float | None, bool], Rendered] = {}  # of `current`, by format
+    decided: quality.Decided = {}  # q=auto's drop per format, chosen once per photo
     for spec in (spec for spec in specs if spec.box is None):
         if max(current.width, current.height) > spec.size:
             with stages.timed("resize", spec.name):
                 current = current.thumbnail_image(spec.size, height=spec.size, size="down")
                 current = current.copy_memory()
             chain, encoded = [*chain, current], {}
-        key = (spec.format, spec.quality, spec.target)
+        key = (spec.format, spec.quality, spec.target, spec.auto)
         if key not in encoded:
             with stages.timed("encode", spec.name):
-                encoded[key] = _encoded(current, spec)
+                encoded[key] = _encoded(current, spec, decided)
         renditions.append(msgspec.structs.replace(encoded[key], name=spec.name))
     return renditions + [_boxed(chain, spec, stages) for spec in specs if spec.box], current
 
@@ -399,12 +400,12 @@ def _boxed(chain: list[pyvips.Image], spec: RenditionSpec, stages: Stages) -> Re
     with stages.timed("crop", spec.name):
         image = crops.boxed(crops.source(chain, spec), spec)
     with stages.timed("encode", spec.name):
-        rendered = _encoded(image, spec)
+        rendered = _encoded(image, spec, {})
     return msgspec.structs.replace(rendered, crop=spec.crop)
 
 
-def _encoded(image: pyvips.Image, spec: RenditionSpec) -> Rendered:
-    data, chosen, score = quality.encoded(image, spec, _save)
+def _encoded(image: pyvips.Image, spec: RenditionSpec, decided: quality.Decided) -> Rendered:
+    data, chosen, score = quality.encoded(image, spec, _save, decided)
     return Rendered(spec.name, spec.format, spec.ext, image.width, image.height, data,
                     hashlib.sha256(data).hexdigest(), None, chosen, score)  # fmt: skip
 
