@@ -15,7 +15,8 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from darkroom.duty import Duty, Tenure
+from darkroom.duty import Duty, Tenure, ours
+from darkroom.errors import DatabaseUnavailableError, QueueUnavailableError
 from darkroom.operate import ops
 from darkroom.store import db, duties, outbox
 from tests.conftest import Env
@@ -219,3 +220,17 @@ def test_freezing_the_feeders_holder_does_not_stop_bulk_feeding(file_env: Env) -
 
 def _records(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_an_outage_wrapped_by_a_task_group_is_reported_by_its_code() -> None:
+    """The feeder's work runs beside a watcher task: PostgreSQL closing its connection
+    reached the duty as an ExceptionGroup and was logged as a bug (`duty failed
+    unexpectedly`, seen in the failover test); the duty now reports the outage's code, and
+    still treats a group with anything else in it as a bug."""
+    down = DatabaseUnavailableError("connection: InterfaceError: connection is closed")
+    assert ours(down) is down
+    assert ours(ExceptionGroup("tasks", [down])) is down
+    nested = ExceptionGroup("outer", [ExceptionGroup("inner", [down]), QueueUnavailableError("x")])
+    assert ours(nested) is down
+    assert ours(ExceptionGroup("tasks", [down, ValueError("a bug")])) is None
+    assert ours(ValueError("a bug")) is None

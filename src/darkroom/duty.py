@@ -107,13 +107,12 @@ class Duty:
                         await work(tenure)
                 backoff.reset()
                 throttle.clear()
-            except DarkroomError as exc:
-                if (quiet := throttle.allow(exc.code, anyio.current_time())) is not None:
-                    log.warning("duty failed", duty=self.name, error_code=exc.code,
-                                error=str(exc), repeats_not_logged=quiet)  # fmt: skip
-                delay_s = backoff.next_s()
-            except Exception:  # a bug must not end the worker: the duty backs off
-                log.exception("duty failed unexpectedly", duty=self.name)
+            except Exception as exc:  # a bug must not end the worker either: it backs off
+                if (known := ours(exc)) is None:
+                    log.exception("duty failed unexpectedly", duty=self.name)
+                elif (quiet := throttle.allow(known.code, anyio.current_time())) is not None:
+                    log.warning("duty failed", duty=self.name, error_code=known.code,
+                                error=str(known), repeats_not_logged=quiet)  # fmt: skip
                 delay_s = backoff.next_s()
             with anyio.move_on_after(delay_s):
                 await stopping.wait()
@@ -178,3 +177,16 @@ class Duty:
                 tenure.lose("refused")
             elif renewed:
                 tenure.until_s = sent_s + self.lease_s
+
+
+def ours(exc: BaseException) -> DarkroomError | None:
+    """The error a duty reports by its code: a DarkroomError, or the first of a task
+    group's errors when every one of them is (the feeder's work runs beside a watcher
+    task, so an outage reaches it wrapped in an ExceptionGroup); None for anything else."""
+    if isinstance(exc, DarkroomError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        known, rest = exc.split(DarkroomError)
+        if known is not None and rest is None:
+            return ours(known.exceptions[0])
+    return None
