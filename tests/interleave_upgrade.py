@@ -6,9 +6,10 @@ one, never to an erased photo: tests/interleave_erase.py checks that no event fo
 erase), and once quiescent every processed photo has its AVIF beside its fallback, unless
 its upgrade failed for good.
 An upgrade entry queues in the bulk stream behind the bulk photos fed before it, so plain
-reads rarely leave one parked mid-flight: `take_upgrade` reads the bulk lane until a worker
-holds an upgrade, and `upgrade_stalls` stalls that worker past its lease while a newer claim
-of the photo comes (its entry reclaimed, a re-render, an erase), then lets it go on."""
+reads rarely leave one parked mid-flight: `take_upgrade` runs an interactive render to its
+publish if no upgrade waits, then reads the bulk lane until a worker holds an upgrade, and
+`upgrade_stalls` stalls that worker past its lease while a newer claim of the photo comes
+(its entry reclaimed, a re-render, an erase), then lets it go on."""
 
 from __future__ import annotations
 
