@@ -101,6 +101,23 @@ def test_the_id_form_and_the_usage_errors(file_env: Env) -> None:
     assert states == {photos[0]: "erased", photos[1]: "uploaded"}
 
 
+def test_resuming_a_finished_erase_acts_on_its_own_photos_only(file_env: Env) -> None:
+    """`--resume ACTION_ID` of a bulk erase that ended continues that action's frozen
+    items: a photo of the tenant uploaded since is not erased (a resume used to freeze the
+    selection again under the old id once the action had ended or was a day old)."""
+    first = ingest(file_env, "acme", SMALL[:2])
+    file_env.cli("bulk", "erase", "--tenant", "acme", *REASON)
+    [started] = file_env.query("SELECT action_id FROM operator_actions WHERE outcome = 'started'")
+    [later] = ingest(file_env, "acme", SMALL[2:])
+    again = file_env.cli("bulk", "erase", "--resume", str(started["action_id"]), *REASON)
+    assert "2 photo(s) selected (resumed)" in again.stderr, again.stderr
+    assert {row(file_env, p)["processing_state"] for p in first} == {"erased"}
+    assert row(file_env, later)["processing_state"] == "uploaded"
+    items = file_env.query("SELECT photo_id FROM bulk_action_items WHERE action_id = $1",
+                           started["action_id"])  # fmt: skip
+    assert sorted(r["photo_id"] for r in items) == sorted(first)
+
+
 SEED_SQL = """
 INSERT INTO photos (id, original_key, tenant, processing_state, renditions, processed_at)
 SELECT id, 'originals/' || id, $2, 'processed', '[]', now() FROM unnest($1::uuid[]) AS id

@@ -86,6 +86,7 @@ class Run:
     counts: dict[str, int] = field(default_factory=dict)
     deliver: Deliver | None = None
     tally: Counter[str] = field(default_factory=Counter)
+    resuming: bool = False  # `--resume ACTION_ID`: that action's items, never a new freeze
 
 
 def action_name(verb: str) -> str:
@@ -94,19 +95,26 @@ def action_name(verb: str) -> str:
 
 async def begin(pool: db.Pool, run: Run) -> tuple[int, bool]:
     """Freeze the selection and record `started` with its exact count, in one
-    transaction; or continue the unfinished action of the same verb and selection. The
-    action's total, and whether it resumed."""
-    name, frozen = action_name(run.plan.verb), run.plan.frozen()
-    previous = await selection.unfinished(pool, name, frozen)
+    transaction; or continue the action named by `--resume` (its own frozen items, however
+    old or ended: never a new freeze under its id, which would add photos selected only
+    now), or else the unfinished action of the same verb and selection. The action's
+    total, and whether it resumed."""
+    if run.resuming:
+        return await _resumed(pool, run)
+    previous = await selection.unfinished(pool, action_name(run.plan.verb), run.plan.frozen())
     if previous is not None:
         run.action = msgspec.structs.replace(run.action, action_id=previous)
-        total = sum((await selection.tally(pool, previous)).values())
-        await audit.record(pool, run.action, "started", total, {"resumed": True})
-        return total, True
+        return await _resumed(pool, run)
     async with pool.acquire() as conn, conn.transaction():
         total = await selection.freeze(conn, run.action.action_id, run.plan.where)
         await audit.record(conn, run.action, "started", total)
     return total, False
+
+
+async def _resumed(pool: db.Pool, run: Run) -> tuple[int, bool]:
+    total = sum((await selection.tally(pool, run.action.action_id)).values())
+    await audit.record(pool, run.action, "started", total, {"resumed": True})
+    return total, True
 
 
 async def execute(pool: db.Pool, streams: Streams, run: Run, progress: Progress) -> bool:

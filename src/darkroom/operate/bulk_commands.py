@@ -55,7 +55,7 @@ async def cmd_bulk(settings: Settings, args: argparse.Namespace) -> int:
     action = audit_command.cli_action(settings, action_name(plan.verb), plan.frozen(), args.reason)
     if args.resume:
         action = msgspec.structs.replace(action, action_id=args.resume)
-    run = Run(action, plan, args.rate, args.batch, out=sys.stdout)
+    run = Run(action, plan, args.rate, args.batch, out=sys.stdout, resuming=bool(args.resume))
     async with services(settings, 2) as (pool, streams):
         if args.dry_run:
             total, ids = await bulk.dry_run(pool, run, args.sample)
