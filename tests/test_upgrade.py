@@ -149,7 +149,8 @@ async def test_an_upgrade_of_an_older_render_is_refused_after_a_rerender(pool: d
     after = await row(pool, photo_id)
     assert json.loads(after["renditions"]) == newer and after["upgrade_requested_at"]
     assert await events(pool, photo_id) == ["published", "rerendered"]
-    assert not await upgrading.record_upgrade_failure(pool, photo_id, stale, "timeout", "x")
+    refused = await upgrading.record_upgrade_failure(pool, photo_id, stale, "timeout", "x")
+    assert refused == "not_recorded"
     fresh = [{**AVIF[0], "key": "renditions/x/m-4.avif"}]
     done = await upgrading.publish_upgrade(pool, photo_id, json.dumps(fresh), (current, "4-0"))
     assert done.status == "upgraded"
@@ -173,10 +174,30 @@ async def test_a_failed_upgrade_keeps_the_published_renditions(pool: db.Pool) ->
     """An upgrade that fails for good drops its request; the photo stays published."""
     photo_id = await published(pool)
     token = await upgrade_claimed(pool, photo_id)
-    assert await upgrading.record_upgrade_failure(pool, photo_id, token, "timeout", "slow")
+    failed = await upgrading.record_upgrade_failure(pool, photo_id, token, "timeout", "slow")
+    assert failed == "dropped"
     after = await row(pool, photo_id)
     assert after["upgrade_requested_at"] is None and formats(after["renditions"]) == [
         ("medium", "jpeg")]  # fmt: skip
+    assert await events(pool, photo_id) == ["published"]
+
+
+async def test_an_upgrade_failing_after_a_rerender_request_sends_the_photo_again(
+    pool: db.Pool,
+) -> None:
+    """A re-render requested while an upgrade renders, then the upgrade fails for good: it
+    is recorded as the upgrade's failure (no `rerender_failed` event for a re-render that
+    never ran, the upgrade's request dropped), and the re-render request stays with the
+    photo cleared for the feeder, to go through again (it was recorded as a failed
+    re-render before)."""
+    photo_id = await published(pool)
+    token = await upgrade_claimed(pool, photo_id)
+    assert await publishing.request_rerender(pool, [photo_id], None) == [photo_id]
+    failed = await upgrading.record_upgrade_failure(pool, photo_id, token, "timeout", "slow")
+    assert failed == "again"
+    after = await row(pool, photo_id)
+    assert after["upgrade_requested_at"] is None and after["rerender_requested_at"] is not None
+    assert after["enqueued_at"] is None
     assert await events(pool, photo_id) == ["published"]
 
 

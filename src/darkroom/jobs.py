@@ -364,8 +364,9 @@ class Jobs:
         claim = self.in_flight.claim_of(entry.id)
         # the heartbeat leaves a settled entry alone: a late one would cancel its backoff
         self.in_flight.settle(entry.id)
-        # PostgreSQL's count; for a failure before any claim, the stream's delivery count
-        held = Held(claim.token, claim.attempt) if claim is not None else Held(0, deliveries)
+        held = Held(0, deliveries)  # a failure before any claim: the stream's delivery count
+        if claim is not None:  # PostgreSQL's count, and whether the lease is an upgrade's
+            held = Held(claim.token, claim.attempt, claim.upgrade)
         outage = await self.outcomes.fail(entry, held, deliveries, exc, bound)
         if outage is not None:  # intake pauses, /readyz says why, a drain ends with code 3
             await self.gate.wait(outage.stage, outage)

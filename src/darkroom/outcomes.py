@@ -38,6 +38,7 @@ class Held:
 
     token: int
     attempt: int
+    upgrade: bool = False  # the lease is an upgrade's: its failure is an upgrade failure
 
 
 @dataclass
@@ -144,11 +145,35 @@ class Outcomes:
             )
             if record == "not_owner":
                 return record
+            if record == "finished" and held.upgrade:
+                return await self._upgrade_failed(entry, photo_id, held.token, exc)
             if record == "finished":
                 return await self._rerender_failed(entry, photo_id, held.token, exc)
         if not await self.write_dead_letter(entry, held.attempt, exc.code, str(exc), exc.stage):
             return "not_owner"  # another consumer reclaimed the entry; it writes the letter
         return "dead_lettered"
+
+    async def _upgrade_failed(
+        self, entry: Entry, photo_id: uuid.UUID, token: int, exc: DarkroomError
+    ) -> str:
+        """An upgrade failed for good: its published renditions stay and its request is
+        dropped (a re-render requested meanwhile goes through again); refused, the entry
+        is left to whoever holds the photo now, as a failed re-render's is."""
+        failed = await upgrading.record_upgrade_failure(
+            self.pool, photo_id, token, exc.code, str(exc)
+        )
+        if failed == "not_recorded":
+            return await self._not_recorded(entry, photo_id, token)
+        await self._stream(entry).ack(entry.id)
+        if failed == "again":
+            await self.again(entry, photo_id)
+        return "upgrade_failed"
+
+    async def _not_recorded(self, entry: Entry, photo_id: uuid.UUID, token: int) -> str:
+        if await leases.rerender_held_elsewhere(self.pool, photo_id, token, entry.id):
+            return "not_owner"  # the re-render's new owner acks its entry itself
+        await self._stream(entry).ack(entry.id)
+        return "already"
 
     async def _rerender_failed(
         self, entry: Entry, photo_id: uuid.UUID, token: int, exc: DarkroomError
@@ -159,19 +184,12 @@ class Outcomes:
         failed = await failures.record_rerender_failure(
             self.pool, photo_id, token, exc.code, str(exc)
         )
-        if failed == "not_recorded" and await upgrading.record_upgrade_failure(
-            self.pool, photo_id, token, exc.code, str(exc)
-        ):
-            await self._stream(entry).ack(entry.id)
-            return "upgrade_failed"  # its published renditions stay, the request is dropped
-        if failed == "not_recorded" and await leases.rerender_held_elsewhere(
-            self.pool, photo_id, token, entry.id
-        ):
-            return "not_owner"  # the re-render's new owner acks its entry itself
+        if failed == "not_recorded":
+            return await self._not_recorded(entry, photo_id, token)
         await self._stream(entry).ack(entry.id)
         if failed == "again":
             await self.again(entry, photo_id)
-        return "already" if failed == "not_recorded" else "rerender_failed"
+        return "rerender_failed"
 
     async def write_dead_letter(
         self, entry: Entry, deliveries: int, code: str, message: str, stage: str

@@ -112,21 +112,31 @@ WITH p AS (
         next_retry_at = NULL, transient_since = NULL, finished_at = now(), updated_at = now()
     FROM p WHERE j.photo_id = p.id AND j.type = 'process' AND j.state = 'active'
       AND j.lease_token = $4
-    RETURNING j.photo_id
+    RETURNING j.photo_id, j.generation
 )
-UPDATE photos SET upgrade_requested_at = NULL, updated_at = now(), last_activity_at = now()
+UPDATE photos SET upgrade_requested_at = NULL, updated_at = now(), last_activity_at = now(),
+    enqueued_at = CASE WHEN photos.rerender_requested_at IS NOT NULL
+                        AND photos.rerender_generation > job.generation
+                       THEN NULL ELSE photos.enqueued_at END
 FROM job WHERE photos.id = job.photo_id
-RETURNING photos.id
+RETURNING photos.rerender_requested_at IS NOT NULL
+      AND photos.rerender_generation > job.generation AS again
 """
+
+UpgradeFailed = Literal["dropped", "again", "not_recorded"]
 
 
 @translated
 async def record_upgrade_failure(
     pool: Pool, photo_id: uuid.UUID, token: int, code: str, message: str
-) -> bool:
-    """False when no upgrade of this lease is recorded (nothing changed then)."""
-    done = await pool.fetchval(UPGRADE_FAILED_SQL, photo_id, code, message[:2000], token)
-    return done is not None
+) -> UpgradeFailed:
+    """The upgrade of this lease failed for good: its request is dropped and the photo keeps
+    what it published (no event: nothing a reader sees changed). `again` when a re-render
+    was requested that this upgrade's render did not answer: the photo is to go through
+    again (its `enqueued_at` cleared for the feeder). `not_recorded`: no upgrade of this
+    lease (refused; nothing changed)."""
+    again = await pool.fetchval(UPGRADE_FAILED_SQL, photo_id, code, message[:2000], token)
+    return "not_recorded" if again is None else "again" if again else "dropped"
 
 
 # The sweep's look for upgrades whose entry never reached the bulk stream (a worker gone
