@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from darkroom import sweeper
 from darkroom.image.pipeline import render
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings, parse_renditions, split
-from darkroom.store import audit, db, erasure, leases, publishing, upgrading
+from darkroom.store import audit, db, duties, erasure, leases, publishing, upgrading
 from darkroom.upgrades import specs_for
 from tests.conftest import PHOTOS, REDIS_URL, Env
 
@@ -225,6 +226,23 @@ def test_a_worker_publishes_first_then_upgrades_through_the_bulk_lane(file_env: 
                            "ORDER BY id", photo_id)  # fmt: skip
     assert [(r["lane"], r["outcome"]) for r in lanes] == [
         ("interactive", "published"), ("bulk", "published")]  # fmt: skip
+
+
+async def test_a_former_sweeps_take_of_lost_upgrades_is_refused(pool: db.Pool) -> None:
+    """The sweep's take of lost upgrades is fenced by its duty: a former holder's take
+    answers refused (None) and moves no request, the current holder's takes the photo."""
+    photo_id = await published(pool)
+    old_token = await duties.acquire(pool, "sweep", "old", 30)
+    assert old_token is not None
+    await pool.execute("UPDATE darkroom_duties SET expires_at = now() WHERE name = 'sweep'")
+    new_token = await duties.acquire(pool, "sweep", "new", 30)
+    assert new_token is not None and new_token > old_token
+    later = datetime.now(UTC) + timedelta(seconds=1)
+    old, new = duties.Fence("sweep", "old", old_token), duties.Fence("sweep", "new", new_token)
+    before = (await row(pool, photo_id))["upgrade_requested_at"]
+    assert await upgrading.take_lost(pool, later, None, 0, old, 10) is None
+    assert (await row(pool, photo_id))["upgrade_requested_at"] == before
+    assert list(await upgrading.take_lost(pool, later, None, 0, new, 10) or {}) == [photo_id]
 
 
 async def test_the_sweep_enqueues_an_upgrade_whose_entry_was_lost(pool: db.Pool) -> None:

@@ -63,7 +63,7 @@ async def sweep(
             await _pass(pool, streams, before, tenure, lost)
             if tenure.live():
                 lost += await upgrades.requeue_lost(
-                    pool, streams.for_lane("bulk"), before, tenure.fence, CLOCK_MARGIN_MS
+                    pool, streams.for_lane("bulk"), before, tenure, CLOCK_MARGIN_MS
                 )
     return lost
 

@@ -17,13 +17,13 @@ from typing import Any
 import msgspec
 import structlog
 
+from darkroom.duty import Tenure
 from darkroom.errors import DarkroomError
 from darkroom.queue.messages import Entry, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.recorder import Recorder
 from darkroom.settings import RenditionSpec, Settings, split
 from darkroom.store import db, keys, leases, upgrading
-from darkroom.store.duties import Fence
 
 log = structlog.get_logger("darkroom.upgrades")
 
@@ -94,14 +94,18 @@ class Upgrades:
 
 
 async def requeue_lost(
-    pool: db.Pool, bulk: Streams, before: datetime, fence: Fence, margin_ms: int
+    pool: db.Pool, bulk: Streams, before: datetime, tenure: Tenure, margin_ms: int
 ) -> list[uuid.UUID]:
-    """The sweep's: an upgrade whose entry never reached the bulk stream gets one (a spare
-    entry, should the judgement be wrong, is `busy` or `already` at its claim)."""
+    """The sweep's: an upgrade whose entry never reached the bulk stream gets one, with
+    the photo's trace context (a spare entry, should the judgement be wrong, is `busy` or
+    `already` at its claim). A refused take (the sweep's duty moved on) ends the duty."""
     oldest = await bulk.oldest_entry_ms()
-    lost = await upgrading.take_lost(pool, before, oldest, margin_ms, fence, LOST_BATCH)
-    for photo_id in lost:
-        await bulk.enqueue(task_fields(photo_id))
+    lost = await upgrading.take_lost(pool, before, oldest, margin_ms, tenure.fence, LOST_BATCH)
+    if lost is None:
+        tenure.lose("write_refused")
+        return []
+    for photo_id, traceparent in lost.items():
+        await bulk.enqueue(task_fields(photo_id, {"traceparent": traceparent}))
     if lost:
         log.warning("lost upgrades enqueued again", photos=len(lost))
-    return lost
+    return list(lost)

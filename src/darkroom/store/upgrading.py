@@ -159,18 +159,24 @@ lost AS (
       AND (SELECT held FROM fence)
     ORDER BY p.upgrade_requested_at, p.id LIMIT $7
     FOR UPDATE OF p SKIP LOCKED
+), taken AS (
+    UPDATE photos SET upgrade_requested_at = now(), last_activity_at = now()
+    FROM lost WHERE photos.id = lost.id
+    RETURNING photos.id, photos.traceparent
 )
-UPDATE photos SET upgrade_requested_at = now(), last_activity_at = now()
-FROM lost WHERE photos.id = lost.id
-RETURNING photos.id
+SELECT (SELECT held FROM fence) AS held, id, traceparent FROM taken
+UNION ALL SELECT false, NULL, NULL WHERE NOT (SELECT held FROM fence)
 """
 
 
 @translated
 async def take_lost(
     pool: Pool, before: datetime, oldest_ms: int | None, margin_ms: int, fence: Fence, limit: int
-) -> list[uuid.UUID]:
-    """The photos whose upgrade has no entry (their request's time moved to now): each is
-    the sweep's to XADD again. None once the fence no longer holds."""
+) -> dict[uuid.UUID, str] | None:
+    """The photos whose upgrade has no entry (their request's time moved to now), each
+    with the trace context its entry carries: the sweep's to XADD again. None: refused,
+    the fence no longer holds (nothing was taken)."""
     rows = await pool.fetch(LOST_SQL, before, oldest_ms, margin_ms, *fence.args, limit)
-    return sorted(row["id"] for row in rows)
+    if any(not row["held"] for row in rows):
+        return None
+    return {row["id"]: row["traceparent"] or "" for row in sorted(rows, key=lambda r: r["id"])}
