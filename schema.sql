@@ -251,6 +251,9 @@ CREATE INDEX IF NOT EXISTS photo_events_unpublished_idx ON photo_events (id)
     WHERE published_at IS NULL;
 -- `darkroom events --since TIME` and the retention's batches
 CREATE INDEX IF NOT EXISTS photo_events_created_idx ON photo_events (created_at, id);
+-- an erase's scrub of the photo's earlier events (their facts nulled): one photo's few rows,
+-- not a scan of every event kept, which a bulk erase would make once per photo
+CREATE INDEX IF NOT EXISTS photo_events_photo_idx ON photo_events (photo_id);
 -- An event's `data`, from the photo's row after the change ($2, $3: a failure's code and
 -- message). A new fact column is one more pair in `facts`. Built from the columns by name
 -- (about 25 µs a call here), not by walking to_jsonb(p) (about 150 µs): it runs inside
