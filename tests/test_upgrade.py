@@ -32,7 +32,8 @@ LIST = "thumb:320:webp,medium:512:jpeg,medium:512:avif"
 
 def test_avif_is_deferred_unless_inline_or_alone() -> None:
     """AVIF (a heavy format) is deferred by default, `:inline` keeps it in the first render,
-    `:defer` defers any format, and a list of deferred renditions only renders them at once."""
+    `:defer` defers any format, and a list of deferred renditions only renders them at once;
+    a rendition may be named `inline` or `defer` (the flags are options only)."""
     specs = parse_renditions("a:320:webp,b:512:avif,c:512:avif:inline,d:64:jpeg:defer:70")
     assert [s.deferred for s in specs] == [False, True, False, True]
     assert specs[3].quality == 70
@@ -42,6 +43,8 @@ def test_avif_is_deferred_unless_inline_or_alone() -> None:
     assert alone[0].deferred and split(alone) == (list(alone), [])
     with pytest.raises(ValueError, match="defer and inline both set"):
         parse_renditions("a:320:webp:defer:inline")
+    named = parse_renditions("inline:1024:avif,defer:320:webp")  # names, not flags
+    assert [(s.name, s.deferred) for s in named] == [("inline", True), ("defer", False)]
 
 
 def test_an_interactive_render_defers_a_bulk_one_renders_all_an_upgrade_the_rest() -> None:

@@ -24,15 +24,12 @@ DEFAULT_QUALITY: dict[str, int] = {"webp": 80, "jpeg": 82, "avif": 67, "png": 10
 # may drop in proportion, one at or below it keeps DEFAULT_QUALITY (image/quality.py
 # `relative`; calibrated by bench/quality.py, docs/photos.md "A quality target per rendition").
 AUTO_TARGET: dict[str, float] = {"webp": 60.0, "jpeg": 60.0, "avif": 60.0}
-SCORES = (30, 95)
+SCORES = (30, 95)  # the score=N a target may ask for: below, artefacts; above, near-lossless
 # Formats whose encode would move an interactive photo's first publish (bench/avif.py: AVIF
 # at 1024 and 2048 px costs more CPU than the rest of the default list's render together):
 # deferred unless marked `:inline`.
 HEAVY: frozenset[str] = frozenset({"avif"})
-_FLAGS = (
-    "defer",
-    "inline",
-)  # the score=N a target may ask for: below, artefacts; above, near-lossless
+_FLAGS = ("defer", "inline")
 
 
 Crop = Literal["attention", "centre"]
@@ -89,7 +86,8 @@ def split(specs: tuple[RenditionSpec, ...]) -> tuple[list[RenditionSpec], list[R
 def _spec(item: str) -> RenditionSpec:
     fields = item.split(":")
     flags = {f.strip().lower() for f in fields[3:]} & set(_FLAGS)
-    fields = [f for f in fields if f.strip().lower() not in _FLAGS]
+    # only among the options: a rendition may be named `inline` or `defer`
+    fields = fields[:3] + [f for f in fields[3:] if f.strip().lower() not in _FLAGS]
     if len(flags) > 1:
         raise ValueError(f"{item!r}: defer and inline both set")
     if len(fields) < 3 or not _NAME.match(fields[0]):
