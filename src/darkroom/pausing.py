@@ -32,6 +32,9 @@ class PauseWatch:
     heard: Callable[[Paused], None]  # called on each change, with the pauses now in force
     paused: Paused = field(default_factory=Paused)
     _throttle: Throttle = field(default_factory=lambda: Throttle(REPEAT_LOG_EVERY_S))
+    # its own: a read that works clears the read's throttle, and an expiry failing every
+    # look (say, a schema behind the code) would then be logged every POLL_S
+    _expire_throttle: Throttle = field(default_factory=lambda: Throttle(REPEAT_LOG_EVERY_S))
 
     async def run(self) -> None:
         while True:
@@ -44,7 +47,7 @@ class PauseWatch:
         try:
             active, ran_out = await pauses.watched(self.pool)
         except DarkroomError as exc:
-            self._failed("reading the pauses failed", exc)
+            self._failed("reading the pauses failed", exc, self._throttle)
             return
         self._throttle.clear()
         self._compare(Paused.of(active))
@@ -65,12 +68,14 @@ class PauseWatch:
         try:
             ended = await pauses.expire(self.pool)
         except DarkroomError as exc:
-            self._failed("ending a timed pause failed", exc)
+            self._failed("ending a timed pause failed", exc, self._expire_throttle)
             return
+        self._expire_throttle.clear()
         for row in ended:
             log.info("timed pause ran out", lane=row["lane"], tenant=row["tenant"],
                      until=row["until"].isoformat())  # fmt: skip
 
-    def _failed(self, what: str, exc: DarkroomError) -> None:
-        if self._throttle.allow(exc.code, anyio.current_time()) is not None:
+    @staticmethod
+    def _failed(what: str, exc: DarkroomError, throttle: Throttle) -> None:
+        if throttle.allow(exc.code, anyio.current_time()) is not None:
             log.warning(what, error_code=exc.code, error=str(exc))
