@@ -145,51 +145,34 @@ class Outcomes:
             )
             if record == "not_owner":
                 return record
-            if record == "finished" and held.upgrade:
-                return await self._upgrade_failed(entry, photo_id, held.token, exc)
             if record == "finished":
-                return await self._rerender_failed(entry, photo_id, held.token, exc)
+                return await self._finished_failed(entry, photo_id, held, exc)
         if not await self.write_dead_letter(entry, held.attempt, exc.code, str(exc), exc.stage):
             return "not_owner"  # another consumer reclaimed the entry; it writes the letter
         return "dead_lettered"
 
-    async def _upgrade_failed(
-        self, entry: Entry, photo_id: uuid.UUID, token: int, exc: DarkroomError
+    async def _finished_failed(
+        self, entry: Entry, photo_id: uuid.UUID, held: Held, exc: DarkroomError
     ) -> str:
-        """An upgrade failed for good: its published renditions stay and its request is
-        dropped (a re-render requested meanwhile goes through again); refused, the entry
-        is left to whoever holds the photo now, as a failed re-render's is."""
-        failed = await upgrading.record_upgrade_failure(
-            self.pool, photo_id, token, exc.code, str(exc)
-        )
+        """The photo is terminal: the lease holder's failed upgrade (its request dropped)
+        or re-render (its request answered) is recorded, the photo keeping its renditions;
+        a re-render requested during either goes through again. Then the entry is acked,
+        unless a re-render under another lease holds it."""
+        failures_of = (failures.record_rerender_failure, upgrading.record_upgrade_failure)
+        record = failures_of[held.upgrade]
+        failed: str = await record(self.pool, photo_id, held.token, exc.code, str(exc))
         if failed == "not_recorded":
-            return await self._not_recorded(entry, photo_id, token)
+            return await self._not_recorded(entry, photo_id, held.token)
         await self._stream(entry).ack(entry.id)
         if failed == "again":
             await self.again(entry, photo_id)
-        return "upgrade_failed"
+        return "upgrade_failed" if held.upgrade else "rerender_failed"
 
     async def _not_recorded(self, entry: Entry, photo_id: uuid.UUID, token: int) -> str:
         if await leases.rerender_held_elsewhere(self.pool, photo_id, token, entry.id):
             return "not_owner"  # the re-render's new owner acks its entry itself
         await self._stream(entry).ack(entry.id)
         return "already"
-
-    async def _rerender_failed(
-        self, entry: Entry, photo_id: uuid.UUID, token: int, exc: DarkroomError
-    ) -> str:
-        """The photo is terminal: a failed re-render of the lease holder's is recorded (the
-        photo keeps its renditions; a request made during it goes through again), then the
-        entry is acked, unless a re-render under another lease holds it."""
-        failed = await failures.record_rerender_failure(
-            self.pool, photo_id, token, exc.code, str(exc)
-        )
-        if failed == "not_recorded":
-            return await self._not_recorded(entry, photo_id, token)
-        await self._stream(entry).ack(entry.id)
-        if failed == "again":
-            await self.again(entry, photo_id)
-        return "rerender_failed"
 
     async def write_dead_letter(
         self, entry: Entry, deliveries: int, code: str, message: str, stage: str
