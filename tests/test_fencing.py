@@ -237,7 +237,6 @@ async def test_an_interactive_request_made_during_a_render_is_enqueued_by_its_wo
     assert row["rerender_requested_at"] is not None and row["enqueued_at"] is not None
 
 
-
 async def test_a_photo_moved_to_bulk_during_its_render_goes_again_through_the_feeder(
     worker: Worker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -268,6 +267,7 @@ async def test_a_photo_moved_to_bulk_during_its_render_goes_again_through_the_fe
     async with worker.pool.acquire() as conn:
         assert await intake.in_flight(conn) == {}
     assert await intake.has_unfed(worker.pool, False)  # the feeder's to feed
+
 
 async def test_a_duplicate_entry_of_a_photo_a_live_worker_holds_is_settled_at_once(
     worker: Worker,
