@@ -285,7 +285,7 @@ def accepted_by(call: str, result: Any) -> bool:
         return bool(result.status == "published")
     if call == "record_failure":
         return bool(result == "failed")
-    if call == "record_rerender_failure":
+    if call in ("record_rerender_failure", "record_upgrade_failure"):
         return bool(result != "not_recorded")
     if call == "publish_upgrade":
         return bool(result.status == "upgraded")

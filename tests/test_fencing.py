@@ -237,6 +237,38 @@ async def test_an_interactive_request_made_during_a_render_is_enqueued_by_its_wo
     assert row["rerender_requested_at"] is not None and row["enqueued_at"] is not None
 
 
+async def test_a_photo_moved_to_bulk_during_its_render_goes_again_through_the_feeder(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bulk re-render of an interactive photo while its interactive re-render runs moves
+    it to the bulk lane: the publish sends it again through the feeder (its new lane), not
+    the interactive stream its entry came from, so the feeder counts nothing in flight for
+    it before it feeds it."""
+    photo_id, entry = await one_photo(worker)
+    real = publishing.publish
+
+    async def moved_meanwhile(*args: Any) -> Any:
+        await publishing.request_rerender(worker.pool, [photo_id], None)
+        assert await store_lanes.to_feeder(worker.pool, photo_id)  # a bulk rerender's
+        return await real(*args)
+
+    async with worker.renderer:
+        assert worker.in_flight.admit(entry.id)
+        await worker.jobs.handle(entry, 1)  # the first render
+        await publishing.request_rerender(worker.pool, [photo_id], None)
+        await worker.streams.enqueue(task_fields(photo_id))
+        [rerender] = await worker.streams.read_new(1, 100)
+        monkeypatch.setattr(publishing, "publish", moved_meanwhile)
+        assert worker.in_flight.admit(rerender.id)
+        await worker.jobs.handle(rerender, 1)
+    assert await worker.streams.read_new(1, 100) == []
+    row = await worker.pool.fetchrow("SELECT lane, enqueued_at FROM photos")
+    assert (row["lane"], row["enqueued_at"]) == ("bulk", None)
+    async with worker.pool.acquire() as conn:
+        assert await intake.in_flight(conn) == {}
+    assert await intake.has_unfed(worker.pool, False)  # the feeder's to feed
+
+
 async def test_a_duplicate_entry_of_a_photo_a_live_worker_holds_is_settled_at_once(
     worker: Worker,
 ) -> None:

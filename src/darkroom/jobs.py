@@ -270,7 +270,7 @@ class Jobs:
         replaced = keys.superseded(published.replaced, current)
         await self.renditions.delete_unreferenced(task.photo_id, replaced, "superseded renditions")
         if published.again:
-            await self.outcomes.again(entry, task.photo_id)
+            await self.outcomes.again(entry, task.photo_id, published.lane)
         elif deferred:
             await self.upgrades.request(entry, task.photo_id)
         return "published"

@@ -22,7 +22,7 @@ from darkroom.queue.messages import DeadLetter, Entry, parse_task, task_fields
 from darkroom.queue.streams import Streams
 from darkroom.recorder import Recorder
 from darkroom.settings import Settings
-from darkroom.store import db, failures, history, leases, upgrading
+from darkroom.store import db, failures, history, lanes, leases, upgrading
 
 log = structlog.get_logger("darkroom.jobs")
 
@@ -192,14 +192,17 @@ class Outcomes:
         )
         return bool(await self._stream(entry).dead_letter(entry.id, letter.fields(entry)))
 
-    async def again(self, entry: Entry, photo_id: uuid.UUID) -> None:
+    async def again(self, entry: Entry, photo_id: uuid.UUID, lane: str | None = None) -> None:
         """A re-render requested while this one ran is still to do: once more, through the
-        photo's lane. The publish cleared `enqueued_at`: a bulk photo goes back to the
-        feeder; an interactive one is XADDed here (the intake finds it should this process
-        die first)."""
+        photo's lane (`lane`, as the commit that cleared `enqueued_at` left it; None: read
+        now), not the entry's: an operator may have moved the photo during the render, and
+        the feeder counts a bulk photo in flight from its `enqueued_at`, which an entry in
+        the interactive stream would set. A bulk photo goes back to the feeder; an
+        interactive one is XADDed here (the intake finds it should this process die first)."""
+        lane = lane or await lanes.lane_of(self.pool, photo_id)
         log.info("re-render requested during the render; enqueued again",
-                 photo_id=str(photo_id), lane=entry.lane)  # fmt: skip
-        if entry.lane != "interactive":
+                 photo_id=str(photo_id), lane=lane)  # fmt: skip
+        if lane != "interactive":
             return
         fields = task_fields(photo_id, entry.fields)  # the same trace: the photo's
         entry_id = await self.streams.for_lane("interactive").enqueue(fields)

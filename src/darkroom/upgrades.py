@@ -28,7 +28,7 @@ from darkroom.store import db, keys, leases, upgrading
 log = structlog.get_logger("darkroom.upgrades")
 
 Delete = Callable[[uuid.UUID, list[str], str], Awaitable[None]]
-Again = Callable[[Entry, uuid.UUID], Awaitable[None]]
+Again = Callable[[Entry, uuid.UUID, str | None], Awaitable[None]]
 LOST_BATCH = 500
 
 
@@ -88,8 +88,8 @@ class Upgrades:
             return {"lost": "lease_lost", "erased": "skipped"}.get(upgraded.status, "already")
         self.recorder.published(entry)
         await delete(claim.photo_id, keys.superseded(upgraded.replaced, current), "superseded")
-        if upgraded.again and upgraded.lane:
-            await again(msgspec.structs.replace(entry, lane=upgraded.lane), claim.photo_id)
+        if upgraded.again:
+            await again(entry, claim.photo_id, upgraded.lane)
         return "upgraded"
 
 
