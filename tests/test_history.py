@@ -241,14 +241,15 @@ async def test_a_traced_claim_keeps_its_span_id_and_answers_the_dead_delivery_it
     """A traced claim writes its delivery's span id on its row; a claim that takes the job
     from a delivery whose lease ran out answers that delivery's row (its span id, start,
     entry, lane, attempt, the photo's traceparent), once: the next takeover answers the
-    delivery after it. Its own claim again, or a claim by a worker that does not trace,
-    answers none; a dead delivery that did not trace has no span id to answer."""
+    delivery after it, through a new entry too (the sweep re-enqueued the job). Its own claim
+    again, or a claim by a worker that does not trace, answers none; a dead delivery that
+    did not trace has no span id to answer."""
     photo_id = uuid.uuid4()
     await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
 
-    async def claim(consumer: str, span_id: str | None, ms: int = 1) -> leases.Claim:
-        lease = leases.Lease(consumer.upper(), ms, 9)
-        return await leases.claim(pool, photo_id, "1-0", consumer, lease, "bulk", None,
+    async def claim(consumer: str, span_id: str | None, entry: str = "1-0") -> leases.Claim:
+        lease = leases.Lease(consumer.upper(), 1, 9)  # run out at once: the worker is dead
+        return await leases.claim(pool, photo_id, entry, consumer, lease, "bulk", None,
                                   TRACEPARENT, span_id)  # fmt: skip
 
     first = await claim("w1", "a" * 16)
@@ -264,3 +265,6 @@ async def test_a_traced_claim_keeps_its_span_id_and_answers_the_dead_delivery_it
     assert (await claim("w4", "d" * 16)).died is None  # w3's row has no span to write
     fifth = await claim("w5", "e" * 16)
     assert fifth.died is not None and (fifth.died.span_id, fifth.died.attempt) == ("d" * 16, 4)
+    await db.record_requeued(pool, photo_id, "2-0")  # the sweep: the job pending, a new entry
+    sixth = await claim("w6", "f" * 16, "2-0")
+    assert sixth.died is not None and (sixth.died.span_id, sixth.died.entry_id) == ("e" * 16, "1-0")

@@ -41,6 +41,10 @@ WINDOW_S = 45.0
 # at load average 10, spans of deliveries that ended 1.3 to 2.8 s before their worker's kill
 # had not left yet (and one gap past 2 s failed a run).
 UNEXPORTED_S = 5.0
+# And its end may follow the kill's recorded time a little: the time is taken before the
+# signal, and the statement that ended the delivery, sent before the worker died, commits
+# with its transaction's now() once PostgreSQL reads it (2 ms after, in one run).
+KILL_SLACK_S = 1.0
 # (seconds after the workers start, event); kills run every 1–3 s throughout the window
 SCHEDULE = [(4, "ingest"), (10, "ingest"), (16, "ingest"), (20, "redis_restart"),
             (26, "ingest"), (32, "ingest")]  # fmt: skip
@@ -177,5 +181,6 @@ def explained(verdict: Verdict, kills: list[dict[str, Any]]) -> bool:
     lost = verdict.killed_attempts - verdict.killed_written + verdict.lost_ended
     if not (verdict.one_trace and verdict.lost and verdict.missing_parents <= lost):
         return False
-    return any(kill["consumer"] == consumer and 0 <= kill["at"] - ended.timestamp() <= UNEXPORTED_S
+    return any(kill["consumer"] == consumer
+               and -KILL_SLACK_S <= kill["at"] - ended.timestamp() <= UNEXPORTED_S
                for consumer, ended in verdict.lost for kill in kills)  # fmt: skip

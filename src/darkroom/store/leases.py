@@ -88,9 +88,10 @@ class Claim:
 # first reply lost) goes on. Read by this statement, a pause committed before it started
 # holds whatever any worker has heard of it.
 # A traced claim ($10: its delivery's span id, else NULL) writes the span id on the attempt
-# row it inserts; and when it takes the job from another delivery (`active`, its lease run
-# out: its worker died), it answers that delivery's `running` row, whose span is written by
-# the claimer (docs/tracing.md). Untraced, that look is skipped whole (a constant filter).
+# row it inserts; and when it takes the job from another delivery whose row is still
+# `running` (its lease ran out, or the sweep re-enqueued the job meanwhile: its worker
+# died), it answers that row, whose span is written by the claimer (docs/tracing.md).
+# Untraced, that look is skipped whole (a constant filter).
 CLAIM_SQL = """
 WITH p AS (
     SELECT id, original_key, processing_state, rerender_generation, lane, tenant, traceparent,
@@ -105,7 +106,7 @@ WITH p AS (
     FROM photos WHERE id = $1 AND processing_state <> 'erased' FOR UPDATE
 ), prior AS (
     SELECT j.id, j.state, j.attempt, j.run_offset, j.stream_entry, j.consumer, j.error_code,
-           j.last_error, j.lease_token,
+           j.last_error, j.lease_token, j.started_at,
            j.state = 'active' AND j.holder = $4 AND j.stream_entry = $2 AS own,
            j.state = 'active' AND j.lease_until > now()
            AND ((j.holder IS DISTINCT FROM $4 AND j.consumer IS DISTINCT FROM $3)
@@ -167,17 +168,21 @@ WITH p AS (
     WHERE $7::text IS NOT NULL AND NOT (SELECT own FROM next)
     RETURNING id
 ), died AS (
-    -- traced ($10, this delivery's span id): the `running` row of the delivery this claim
-    -- takes the job from (its lease ran out: its worker died), for its span to be written now
-    SELECT a.span_id, a.started_at, a.entry_id, a.lane,
+    -- traced ($10, this delivery's span id): the row of the claim this one takes the job
+    -- from (its consumer's latest, from the job's start back: the claim wrote both with one
+    -- now()) if still `running`: that delivery never ended (its lease ran out, or a sweep
+    -- re-enqueued the job: its worker died), and its span is written now
+    SELECT last.span_id, last.started_at, last.entry_id, last.lane,
            prior.attempt - prior.run_offset AS attempt, p.tenant,
            coalesce(p.traceparent, $9::text) AS traceparent
-    FROM photo_attempts a JOIN prior ON a.entry_id = prior.stream_entry
-                                    AND a.consumer = prior.consumer JOIN p ON true
-    WHERE $10::text IS NOT NULL AND a.photo_id = $1 AND a.outcome = 'running'
-      AND a.span_id IS NOT NULL AND prior.state = 'active' AND NOT prior.own
+    FROM prior JOIN p ON true CROSS JOIN LATERAL (
+        SELECT a.span_id, a.started_at, a.entry_id, a.lane, a.outcome FROM photo_attempts a
+        WHERE a.photo_id = $1 AND a.consumer = prior.consumer
+          AND a.started_at <= prior.started_at
+        ORDER BY a.id DESC LIMIT 1) last
+    WHERE $10::text IS NOT NULL AND prior.state IN ('active', 'pending') AND NOT prior.own
+      AND last.outcome = 'running' AND last.span_id IS NOT NULL
       AND EXISTS (SELECT 1 FROM job)
-    ORDER BY a.id DESC LIMIT 1
 ), own_row AS (
     SELECT a.id FROM photo_attempts a
     WHERE a.photo_id = $1 AND a.entry_id = $2 AND a.consumer = $3 AND a.outcome = 'running'
