@@ -169,20 +169,20 @@ WITH p AS (
     RETURNING id
 ), died AS (
     -- traced ($10, this delivery's span id): the row of the claim this one takes the job
-    -- from (its consumer's latest, from the job's start back: the claim wrote both with one
-    -- now()) if still `running`: that delivery never ended (its lease ran out, or a sweep
-    -- re-enqueued the job: its worker died), and its span is written now
+    -- from (the photo's latest from the job's start back, its consumer's: that claim wrote
+    -- both with one now(); one entry of photo_attempts_photo_idx, read backwards) if still
+    -- `running`: that delivery never ended (its lease ran out, or a sweep re-enqueued the
+    -- job: its worker died), and its span is written now
     SELECT last.span_id, last.started_at, last.entry_id, last.lane,
            prior.attempt - prior.run_offset AS attempt, p.tenant,
            coalesce(p.traceparent, $9::text) AS traceparent
     FROM prior JOIN p ON true CROSS JOIN LATERAL (
-        SELECT a.span_id, a.started_at, a.entry_id, a.lane, a.outcome FROM photo_attempts a
-        WHERE a.photo_id = $1 AND a.consumer = prior.consumer
-          AND a.started_at <= prior.started_at
-        ORDER BY a.id DESC LIMIT 1) last
+        SELECT a.span_id, a.started_at, a.entry_id, a.lane, a.outcome, a.consumer
+        FROM photo_attempts a WHERE a.photo_id = $1 AND a.started_at <= prior.started_at
+        ORDER BY a.started_at DESC, a.id DESC LIMIT 1) last
     WHERE $10::text IS NOT NULL AND prior.state IN ('active', 'pending') AND NOT prior.own
-      AND last.outcome = 'running' AND last.span_id IS NOT NULL
-      AND EXISTS (SELECT 1 FROM job)
+      AND last.consumer = prior.consumer AND last.outcome = 'running'
+      AND last.span_id IS NOT NULL AND EXISTS (SELECT 1 FROM job)
 ), own_row AS (
     SELECT a.id FROM photo_attempts a
     WHERE a.photo_id = $1 AND a.entry_id = $2 AND a.consumer = $3 AND a.outcome = 'running'
