@@ -29,7 +29,7 @@ EXPORT_TIMEOUT_S = 3.0
 # The delivery's own span (`darkroom.process`): its stages set the attempt, outcome and error
 # on it from inside their child spans.
 _delivery: contextvars.ContextVar[Any] = contextvars.ContextVar("darkroom_delivery", default=None)
-# The span id the next span made in this context is given (`_PresetIds`): a dead delivery's,
+# The span id the next span made in this context is given (`_preset_ids`): a dead delivery's,
 # whose span its reclaimer writes. None: a random one, as the SDK's default.
 _preset_span_id: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "darkroom_preset_span_id", default=None
