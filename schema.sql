@@ -463,6 +463,11 @@ ALTER TABLE operator_actions ADD CONSTRAINT operator_actions_via_check
 -- by the first claim from its entry's `traceparent` field (never overwritten), so the feeder,
 -- the sweep and a replay put it on every later entry: one photo, one trace. NULL: untraced.
 ALTER TABLE photos ADD COLUMN IF NOT EXISTS traceparent text;
+-- The span id (16 hex digits) of the delivery's `darkroom.process` span, written by the claim
+-- that inserts the attempt row (NULL: that worker did not trace). A delivery SIGKILLed before
+-- its span ended never exports it; the delivery that reclaims the job writes a span of this id
+-- for it, ended `worker_died`, so the stages the dead one had exported find their parent.
+ALTER TABLE photo_attempts ADD COLUMN IF NOT EXISTS span_id text;
 
 -- ---- per-tenant rate limits ------------------------------------------------------------------
 -- The truth of each tenant's bulk rate (store/limits.py): the feeder reloads it every few

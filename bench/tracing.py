@@ -96,8 +96,9 @@ def row(name: str, runs: dict[str, list[Run]]) -> str:
 
 def one_delivery() -> Any:
     """The adapter's calls one tiny photo's delivery makes: its process span, the stage
-    spans, the render process's stages (a tiny PNG's: decode, three encodes, two resizes,
-    the facts), the notes, an exemplar and a log line's ids."""
+    spans (the claim's span id among them), the render process's stages (a tiny PNG's:
+    decode, three encodes, two resizes, the facts), the notes, an exemplar and a log
+    line's ids."""
     from darkroom import tracing
     from darkroom.image.stagetimes import Stage
     from darkroom.queue.messages import Entry
@@ -111,6 +112,8 @@ def one_delivery() -> Any:
         with tracing.delivery(entry, 1, "s", "g"):
             for name in ("claim", "download", "render", "upload", "publish", "ack"):
                 with tracing.span(name):
+                    if name == "claim":  # the span id the claim keeps on the attempt row
+                        tracing.delivery_span_id()
                     tracing.note(attempt=1)
                     if name == "render":
                         tracing.rendered(stages)

@@ -230,3 +230,41 @@ async def test_a_publish_whose_reply_was_lost_leaves_its_row_published(pool: db.
     await rec.end(entry, history.Ending("already"))
     [row] = await history.timeline(pool, photo_id)
     assert (row["outcome"], row["render_ms"]) == ("published", 12.0)
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+async def test_a_traced_claim_keeps_its_span_id_and_answers_the_dead_delivery_it_takes_over(
+    pool: db.Pool,
+) -> None:
+    """A traced claim writes its delivery's span id on its row; a claim that takes the job
+    from a delivery whose lease ran out answers that delivery's row (its span id, start,
+    entry, lane, attempt, the photo's traceparent), once: the next takeover answers the
+    delivery after it, through a new entry too (the sweep re-enqueued the job). Its own claim
+    again, or a claim by a worker that does not trace, answers none; a dead delivery that
+    did not trace has no span id to answer."""
+    photo_id = uuid.uuid4()
+    await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
+
+    async def claim(consumer: str, span_id: str | None, entry: str = "1-0") -> leases.Claim:
+        lease = leases.Lease(consumer.upper(), 1, 9)  # run out at once: the worker is dead
+        return await leases.claim(pool, photo_id, entry, consumer, lease, "bulk", None,
+                                  TRACEPARENT, span_id)  # fmt: skip
+
+    first = await claim("w1", "a" * 16)
+    assert first.died is None
+    assert (await claim("w1", "a" * 16)).died is None  # its own claim again: nobody died
+    second = await claim("w2", "b" * 16)
+    rows = await pool.fetch("SELECT * FROM photo_attempts WHERE photo_id = $1 ORDER BY id",
+                            photo_id)  # fmt: skip
+    assert [r["span_id"] for r in rows] == ["a" * 16, "b" * 16]
+    assert second.died == leases.Died("a" * 16, rows[0]["started_at"], "1-0", "bulk", 1, "",
+                                      TRACEPARENT)  # fmt: skip
+    assert (await claim("w3", None)).died is None  # untraced: not even looked up
+    assert (await claim("w4", "d" * 16)).died is None  # w3's row has no span to write
+    fifth = await claim("w5", "e" * 16)
+    assert fifth.died is not None and (fifth.died.span_id, fifth.died.attempt) == ("d" * 16, 4)
+    await db.record_requeued(pool, photo_id, "2-0")  # the sweep: the job pending, a new entry
+    sixth = await claim("w6", "f" * 16, "2-0")
+    assert sixth.died is not None and (sixth.died.span_id, sixth.died.entry_id) == ("e" * 16, "1-0")

@@ -208,7 +208,7 @@ def test_failure_whose_dead_letter_was_never_written_gets_it(file_env: Env, tmp_
     [[_, [(entry_id, _)]]] = file_env.redis.xreadgroup("darkroom", "ghost", {file_env.stream: ">"})
     # The ghost claims and records the failure, as a worker would, then dies.
     file_env.query(
-        leases.CLAIM_SQL, photo_id, entry_id, "ghost", *leases.NO_LEASE.args, None, None, None
+        leases.CLAIM_SQL, photo_id, entry_id, "ghost", *leases.NO_LEASE.args, *[None] * 4
     )
     file_env.query("UPDATE photos SET processing_state = 'processing_failed', "
                    "error_code = 'corrupt_image' WHERE id = $1", photo_id)  # fmt: skip
@@ -234,9 +234,7 @@ def test_failed_photo_past_the_cap_keeps_its_code_and_single_letter(file_env: En
         "another-entry",
         "ghost",
         *leases.NO_LEASE.args,
-        None,
-        None,
-        None,
+        *[None] * 4,
     )
     file_env.query(failures.FAIL_SQL, photo_id, "corrupt_image", "failed through another entry",
                    claim["lease_token"], "another-entry")  # fmt: skip

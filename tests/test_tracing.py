@@ -12,6 +12,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pytest
 from darkroom import tracing
 from darkroom.errors import BadMessageError
 from darkroom.queue.messages import parse_task, received, task_fields, trace_fields
+from darkroom.store import leases
 from tests.conftest import PHOTOS, Env
 from tests.otlp import Receiver, Span, producer_span, serving
 from tests.test_recovery import HEIC, kill_mid_photo, log_lines, wait_for
@@ -68,7 +70,8 @@ def xadd(env: Env, photo_id: uuid.UUID, carrier: dict[str, str]) -> str:
 
 def process_spans(receiver: Receiver, trace_id: str) -> list[Span]:
     spans = [s for s in receiver.of_trace(trace_id) if s.name == "darkroom.process"]
-    return sorted(spans, key=lambda s: s.attributes["darkroom.delivery_count"])
+    # a killed delivery's span, written at its reclaim, has no delivery count: first
+    return sorted(spans, key=lambda s: s.attributes.get("darkroom.delivery_count", 0))
 
 
 def test_a_photo_xadded_with_a_traceparent_is_one_trace_from_the_producer(
@@ -176,6 +179,78 @@ def test_a_delivery_reclaimed_after_its_worker_was_killed_stays_in_the_photos_tr
     assert reclaimed.attributes["darkroom.delivery_count"] == 2
     assert reclaimed.attributes["darkroom.attempt"] == 2
     assert reclaimed.attributes["darkroom.outcome"] == "published"
+
+
+def test_the_reclaiming_delivery_writes_the_killed_deliverys_span_worker_died(
+    file_env: Env, receiver: Receiver
+) -> None:
+    """A delivery SIGKILLed after its claim never ends its span; the delivery that reclaims
+    the job writes it: the span id its claim kept on the attempt row, the producer's child,
+    from the row's start to the reclaim, status ERROR `worker_died`. So whatever stages the
+    dead delivery had exported hang from it, and the trace has both attempts."""
+    trace_id, producer_id, carrier = producer_span()
+    photo_id = add_photo(file_env, photo=HEIC)
+    entry_id = xadd(file_env, photo_id, carrier)
+    settings = {"DARKROOM_CLAIM_IDLE_MS": "1500", **otel(receiver)}
+    kill_mid_photo(file_env, settings)
+    [dead_row] = file_env.query("SELECT span_id, started_at FROM photo_attempts"
+                                " WHERE photo_id = $1", photo_id)  # fmt: skip
+    assert dead_row["span_id"] is not None and len(dead_row["span_id"]) == 16
+    file_env.cli("run", "--drain", **settings)
+    spans = {s.span_id: s for s in receiver.of_trace(trace_id)}
+    dead = spans[dead_row["span_id"]]
+    assert (dead.name, dead.kind, dead.parent_id) == ("darkroom.process", 5, producer_id)
+    assert dead.status == 2 and dead.attributes["error.type"] == "worker_died"
+    assert {k: dead.attributes.get(k) for k in (
+        "darkroom.error_code", "darkroom.outcome", "darkroom.attempt", "darkroom.lane",
+        "messaging.message.id", "messaging.destination.name", "darkroom.photo_id",
+    )} == {"darkroom.error_code": "worker_died", "darkroom.outcome": "worker_died",
+           "darkroom.attempt": 1, "darkroom.lane": "interactive",
+           "messaging.message.id": entry_id, "messaging.destination.name": file_env.stream,
+           "darkroom.photo_id": str(photo_id)}  # fmt: skip
+    assert dead.start_ns == int(dead_row["started_at"].timestamp() * 1e9) < dead.end_ns
+    [reclaimed] = [s for s in spans.values()
+                   if s.name == "darkroom.process" and s is not dead]  # fmt: skip
+    assert reclaimed.attributes["darkroom.attempt"] == 2
+    assert reclaimed.attributes["darkroom.outcome"] == "published"
+    assert dead.end_ns <= reclaimed.end_ns
+    # every span of the trace reaches the producer's: nothing hangs from a missing parent
+    assert all(s.parent_id in spans or s.parent_id == producer_id for s in spans.values())
+
+
+def test_a_dead_deliverys_span_keeps_its_id_and_joins_only_the_photos_trace() -> None:
+    """In-process, the SDK's own pipeline to memory: the span gets the row's id, the photo's
+    traceparent as parent, the bulk tenant; the next span a random id again. No span for a
+    photo without a trace context, nor for a span id that is not one."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(id_generator=tracing._preset_ids())
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    trace_id, parent_id, carrier = producer_span()
+    started = datetime.now(UTC) - timedelta(seconds=3)
+    died = leases.Died("00f067aa0ba902b7", started, "1-0", "bulk", 2, "acme",
+                       carrier["traceparent"])  # fmt: skip
+    tracing._tracer = provider.get_tracer("darkroom")
+    try:
+        tracing.worker_died(died, "s:bulk", "g", "p")
+        tracing.worker_died(replace(died, traceparent=None), "s:bulk", "g", "p")
+        tracing.worker_died(replace(died, span_id="not a span id!!"), "s:bulk", "g", "p")
+        tracing._tracer.start_span("after").end()
+    finally:
+        tracing._tracer = None
+    dead, after = memory.get_finished_spans()
+    ids = (dead.context.trace_id, dead.context.span_id, dead.parent.span_id)
+    assert ids == (int(trace_id, 16), 0x00F067AA0BA902B7, int(parent_id, 16))
+    assert dead.start_time == int(started.timestamp() * 1e9) < dead.end_time
+    assert dead.status.status_code.name == "ERROR"
+    assert {k: dead.attributes[k] for k in ("darkroom.tenant", "darkroom.attempt",
+            "messaging.destination.name", "error.type")} == {
+        "darkroom.tenant": "acme", "darkroom.attempt": 2,
+        "messaging.destination.name": "s:bulk", "error.type": "worker_died"}  # fmt: skip
+    assert after.context.span_id != dead.context.span_id
 
 
 def test_a_photo_whose_entry_was_lost_is_swept_back_into_its_trace(

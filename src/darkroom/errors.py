@@ -131,6 +131,15 @@ class AttemptsExhaustedError(PermanentError):
     stage = "process"
 
 
+class WorkerDiedError(TransientError):
+    """A delivery whose worker died (SIGKILL, out of memory, power) before it ended: never
+    raised nor stored on a photo; the attempt history's outcome for its row, and the status
+    of the `darkroom.process` span the reclaiming delivery writes for it (docs/tracing.md)."""
+
+    code = "worker_died"
+    stage = "process"
+
+
 class InternalError(TransientError):
     code = "internal_error"
     stage = "process"
@@ -156,13 +165,15 @@ def _table() -> dict[str, CodeInfo]:
         "out_of_memory": "render exceeded DARKROOM_RENDER_MEMORY_MB",
         "downloads_busy": "the web page already streams DARKROOM_WEB_DOWNLOADS large objects",
         "attempts_exhausted": "attempted DARKROOM_MAX_ATTEMPTS times without finishing",
+        "worker_died": "the delivery's worker died before it ended (attempt history, traces)",
         "internal_error": "unexpected exception in darkroom",
     }
     classes: list[type[DarkroomError]] = [
         BadMessageError, OriginalMissingError, OriginalTooLargeError, UnsupportedFormatError,
         CorruptImageError, ImageTooLargeError, StorageUnavailableError, DatabaseUnavailableError,
         QueueUnavailableError, RenderTimeoutError, RenderCrashedError, RenderOutOfMemoryError,
-        ObjectForbiddenError, DownloadsBusyError, AttemptsExhaustedError, InternalError,
+        ObjectForbiddenError, DownloadsBusyError, AttemptsExhaustedError, WorkerDiedError,
+        InternalError,
     ]  # fmt: skip
     return {c.code: CodeInfo(c.retryable, c.stage, docs[c.code]) for c in classes}
 

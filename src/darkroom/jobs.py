@@ -278,7 +278,8 @@ class Jobs:
     async def _claim(self, entry: Entry, task: Task) -> leases.Claim:
         """One claim per delivery, however often retried in place (kept with the entry).
         The job is claimed before any failure is recorded: only its owner may record one.
-        The claim keeps the entry's trace context on a photo without one."""
+        The claim keeps the entry's trace context on a photo without one, and this delivery's
+        span id on its attempt row."""
         cached = self.in_flight.claim_of(entry.id)
         if cached is not None:
             return cached
@@ -286,8 +287,12 @@ class Jobs:
             claim = await leases.claim(
                 self.pool, task.photo_id, entry.id, self.streams.consumer, self.lease,
                 self.recorder.lane_of(entry), entry.lane, task.traceparent,
+                tracing.delivery_span_id(),
             )  # fmt: skip
         tracing.note(attempt=claim.attempt, claim=claim.outcome)
+        if claim.died is not None:  # its worker never ended its span: written here
+            stream = self.streams.lane_streams.get(claim.died.lane, "")
+            tracing.worker_died(claim.died, stream, self.streams.group, str(task.photo_id))
         self.in_flight.claimed(entry.id, claim)
         self.recorder.begun(entry, claim.history_row)
         return claim

@@ -11,10 +11,14 @@ import contextvars
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from darkroom import metrics
+from darkroom.errors import WorkerDiedError
 from darkroom.queue.messages import TRACE_FIELDS, Entry, enqueued_ms, trace_fields
+
+if TYPE_CHECKING:
+    from darkroom.store.leases import Died
 
 # The SDK's tracer once `start` installed it; None: tracing is off.
 _tracer: Any = None
@@ -25,6 +29,11 @@ EXPORT_TIMEOUT_S = 3.0
 # The delivery's own span (`darkroom.process`): its stages set the attempt, outcome and error
 # on it from inside their child spans.
 _delivery: contextvars.ContextVar[Any] = contextvars.ContextVar("darkroom_delivery", default=None)
+# The span id the next span made in this context is given (`_preset_ids`): a dead delivery's,
+# whose span its reclaimer writes. None: a random one, as the SDK's default.
+_preset_span_id: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "darkroom_preset_span_id", default=None
+)
 
 
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:
@@ -56,13 +65,26 @@ def start() -> bool:
         "OTEL_RESOURCE_ATTRIBUTES", ""
     )
     resource = Resource.create({} if named else {"service.name": "darkroom"})
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource, id_generator=_preset_ids())
     exporter = OTLPSpanExporter(timeout=None if _timeout_set() else EXPORT_TIMEOUT_S)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("darkroom")
     metrics.exemplars_from(exemplar)
     return True
+
+
+def _preset_ids() -> Any:
+    """The SDK's random ids, but a span id preset by `worker_died` for the one span it makes:
+    an IdGenerator is the SDK's own extension point for choosing ids (docs/tracing.md)."""
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class PresetIds(RandomIdGenerator):
+        def generate_span_id(self) -> int:
+            preset = _preset_span_id.get()
+            return super().generate_span_id() if preset is None else preset
+
+    return PresetIds()
 
 
 def _timeout_set() -> bool:
@@ -131,13 +153,7 @@ def delivery(entry: Entry, deliveries: int, stream: str, group: str) -> Iterator
 
 def _delivery_attributes(entry: Entry, deliveries: int, stream: str, group: str) -> dict[str, Any]:
     """OpenTelemetry's messaging conventions where they fit, darkroom's own otherwise."""
-    attributes: dict[str, Any] = {
-        "messaging.system": "redis",
-        "messaging.operation.type": "process",
-        "messaging.operation.name": "process",
-        "messaging.destination.name": stream,
-        "messaging.consumer.group.name": group,
-        "messaging.message.id": entry.id,
+    attributes = _messaging(stream, group, entry.id) | {
         "darkroom.lane": entry.lane,
         "darkroom.delivery_count": deliveries,
         "darkroom.photo_id": entry.fields.get("photo_id", "")[:80],
@@ -145,6 +161,77 @@ def _delivery_attributes(entry: Entry, deliveries: int, stream: str, group: str)
     if "tenant" in entry.fields:
         attributes["darkroom.tenant"] = entry.fields["tenant"]
     return attributes
+
+
+def delivery_span_id() -> str | None:
+    """The current delivery's span id (16 hex digits), which its claim keeps on the attempt
+    row; None when off or outside a delivery."""
+    current = _delivery.get()
+    if current is None:
+        return None
+    return format(current.get_span_context().span_id, "016x")
+
+
+def worker_died(died: Died, stream: str, group: str, photo_id: str) -> None:
+    """The `darkroom.process` span of a delivery whose worker died, written by the delivery
+    that took its job: its own span id (the stages it exported name it as their parent), in
+    the photo's trace, from the claim that started it to now, `worker_died`. A photo without a
+    trace context left no trace to join (that delivery's span was a trace of its own)."""
+    if _tracer is None:
+        return
+    from opentelemetry import trace
+    from opentelemetry.trace import SpanKind
+
+    parent = _propagator().extract({"traceparent": died.traceparent or ""})
+    span_id = _span_id(died.span_id)
+    if span_id is None or not trace.get_current_span(parent).get_span_context().is_valid:
+        return
+    start_ns = int(died.started_at.timestamp() * 1e9)
+    token = _preset_span_id.set(span_id)
+    try:
+        dead = _tracer.start_span("darkroom.process", context=parent, kind=SpanKind.CONSUMER,
+                                  attributes=_died_attributes(died, stream, group, photo_id),
+                                  start_time=start_ns)  # fmt: skip
+    finally:
+        _preset_span_id.reset(token)
+    code = WorkerDiedError.code
+    _record(dead, code, "the worker died before this delivery ended; written at its reclaim")
+    dead.set_attribute("darkroom.error_code", code)
+    dead.end(end_time=max(start_ns, time.time_ns()))
+
+
+def _span_id(stored: str) -> int | None:
+    """The column's span id, None when it is not one (16 hex digits, not all zero)."""
+    try:
+        span_id = int(stored, 16) if len(stored) == 16 else 0
+    except ValueError:
+        return None
+    return span_id or None
+
+
+def _died_attributes(died: Died, stream: str, group: str, photo_id: str) -> dict[str, Any]:
+    """The live span's, but what died with the worker (its delivery count, its outcome)."""
+    attributes = _messaging(stream, group, died.entry_id) | {
+        "darkroom.lane": died.lane,
+        "darkroom.photo_id": photo_id,
+        "darkroom.attempt": died.attempt,
+        "darkroom.claim": "claimed",
+        "darkroom.outcome": WorkerDiedError.code,
+    }
+    if died.lane == "bulk" and died.tenant:
+        attributes["darkroom.tenant"] = died.tenant
+    return attributes
+
+
+def _messaging(stream: str, group: str, entry_id: str) -> dict[str, Any]:
+    return {
+        "messaging.system": "redis",
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": stream,
+        "messaging.consumer.group.name": group,
+        "messaging.message.id": entry_id,
+    }
 
 
 def _id_ns(entry: Entry) -> int:

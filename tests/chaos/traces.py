@@ -3,10 +3,13 @@ history: one trace from the producer's span, every span's parent chain reaching 
 final publish in it, and every attempt in it. Pure: spans and rows in, a verdict out.
 
 What a SIGKILL does to a trace: a span is exported once it ends, so the delivery a kill cuts
-short never exports its `darkroom.process` span (no in-process SDK can), while the stages it
-finished before the kill (the claim, the download...) may have been exported already: they
-name a parent the trace never gets. And a delivery that ended just before the kill may still
-sit in its batch span processor's queue (OTEL_BSP_SCHEDULE_DELAY). Each is counted apart.
+short never exports its `darkroom.process` span itself (no in-process SDK can), while the
+stages it finished before the kill (the claim, the download...) may have been exported
+already. The delivery that reclaims its job writes that span for it (`worker_died`, the span
+id its claim kept on the attempt row), unless that delivery is killed in turn before its
+export: a killed attempt counts as in the trace when a span of its row's id is. And a
+delivery that ended just before the kill may still sit in its batch span processor's queue
+(OTEL_BSP_SCHEDULE_DELAY). Each is counted apart.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ class Verdict:
     connected: bool = False  # every span's parent chain reaches the producer's span
     published: bool = False  # a publish span under a delivery whose outcome is `published`
     ended_attempts_in: bool = False  # every attempt that ended has its delivery's span
-    killed_attempts: int = 0  # attempts a SIGKILL cut short (`running` for good): no span
+    killed_attempts: int = 0  # attempts a SIGKILL cut short (`running` for good)
+    killed_written: int = 0  # of those, whose span the reclaiming delivery wrote (exported)
     dangling: int = 0  # spans whose parent is missing (a killed delivery's finished stages)
     lost_ended: int = 0  # attempts that ended whose span is missing
     missing_parents: int = 0  # distinct parents named in the trace but never exported
@@ -39,15 +43,19 @@ class Verdict:
 
     @property
     def whole(self) -> bool:
-        """The target's reading: one connected trace to the publish, every attempt in it."""
+        """The target's reading: one connected trace to the publish, every attempt in it (a
+        killed one by the span its reclaimer wrote)."""
         return (self.one_trace and self.connected and self.published
-                and self.ended_attempts_in and not self.killed_attempts)  # fmt: skip
+                and self.ended_attempts_in
+                and self.killed_written == self.killed_attempts)  # fmt: skip
 
     @property
     def whole_but_kills(self) -> bool:
-        """The same, forgiving only what a SIGKILL makes impossible to export: the killed
-        deliveries' own spans, so the stages they had finished hang from a missing parent."""
-        forgiven = self.connected or (0 < self.missing_parents <= self.killed_attempts)
+        """The same, forgiving the killed deliveries' spans no reclaim wrote (its reclaimer
+        was killed in turn before its export), so the stages they had finished hang from a
+        missing parent."""
+        unwritten = self.killed_attempts - self.killed_written
+        forgiven = self.connected or (0 < self.missing_parents <= unwritten)
         return self.one_trace and self.published and self.ended_attempts_in and forgiven
 
 
@@ -72,14 +80,15 @@ class Judged:
             "every_ended_attempt_in": sum(x.ended_attempts_in for x in v),
             "photos_with_a_killed_attempt": sum(bool(x.killed_attempts) for x in v),
             "killed_attempts": sum(x.killed_attempts for x in v),
+            "killed_attempts_written": sum(x.killed_written for x in v),
             "dangling_spans": sum(x.dangling for x in v),
             "ended_attempts_lost": sum(x.lost_ended for x in v),
         }
 
 
 def judge(spans: list[Span], attempts: Iterable[dict[str, Any]], photos: Iterable[str]) -> Judged:
-    """`attempts`: photo_attempts rows (photo_id, entry_id, outcome, ended_at) after the run
-    settled (a `running` one was cut short by a kill); `photos`: the ids to judge."""
+    """`attempts`: photo_attempts rows (photo_id, entry_id, consumer, ended_at, span_id) after
+    the run settled (a `running` one was cut short by a kill); `photos`: the ids to judge."""
     by_id = {s.span_id: s for s in spans}
     by_trace: dict[str, list[Span]] = {}
     for s in spans:
@@ -119,14 +128,28 @@ def _verdict(
         s.span_id for s in processes if s.attributes.get("darkroom.outcome") == "published"
     }
     verdict.published = any(s.name == PUBLISH and s.parent_id in published for s in trace)
-    ended = Counter(r["entry_id"] for r in rows if r["ended_at"] is not None)
-    spanned = Counter(s.attributes.get("messaging.message.id") for s in processes)
-    short = ended - spanned
-    verdict.lost_ended = sum(short.values())
-    verdict.lost = [(r["consumer"], r["ended_at"]) for r in rows
-                    if r["ended_at"] is not None and r["entry_id"] in short]  # fmt: skip
-    verdict.ended_attempts_in = not verdict.lost_ended
+    _attempts_in(verdict, rows, processes)
     return verdict
+
+
+def _attempts_in(verdict: Verdict, rows: list[dict[str, Any]], processes: list[Span]) -> None:
+    """Which attempts have their delivery's span: a row with a span id (its claim traced) by
+    that id; a row without one (a delivery that claimed nothing writes its row whole) by its
+    entry, among the spans no row names."""
+    ids = {s.span_id for s in processes}
+    killed = [r for r in rows if r["ended_at"] is None]
+    verdict.killed_written = sum(r["span_id"] in ids for r in killed)
+    ended = [r for r in rows if r["ended_at"] is not None]
+    named = {r["span_id"] for r in rows if r["span_id"]}
+    lost = [r for r in ended if r["span_id"] and r["span_id"] not in ids]
+    unnamed = Counter(r["entry_id"] for r in ended if not r["span_id"])
+    spanned = Counter(s.attributes.get("messaging.message.id") for s in processes
+                      if s.span_id not in named)  # fmt: skip
+    short = unnamed - spanned
+    verdict.lost_ended = len(lost) + sum(short.values())
+    lost += [r for r in ended if not r["span_id"] and r["entry_id"] in short]
+    verdict.lost = [(r["consumer"], r["ended_at"]) for r in lost]
+    verdict.ended_attempts_in = not verdict.lost_ended
 
 
 def _top(span: Span, root: Span, by_id: dict[str, Span]) -> str | None:

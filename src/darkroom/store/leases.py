@@ -9,12 +9,28 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Literal
 
 from darkroom.store.db import Pool, translated
 
 Outcome = Literal["claimed", "already", "skipped", "busy", "exhausted", "paused"]
 NO_PHOTO = uuid.UUID(int=0)
+
+
+@dataclass(frozen=True)
+class Died:
+    """The delivery a claim took the job from, cut short by its worker's death: its
+    `running` attempt row, kept for its `darkroom.process` span to be written by the claimer
+    (docs/tracing.md). Only a traced claim reads it."""
+
+    span_id: str  # as the dead delivery stored it (16 hex digits)
+    started_at: datetime
+    entry_id: str
+    lane: str
+    attempt: int  # the attempt its claim counted, of its run
+    tenant: str
+    traceparent: str | None  # the photo's
 
 
 @dataclass(frozen=True)
@@ -39,6 +55,7 @@ class Claim:
     token: int = 0
     # The claim of a processed photo's upgrade (its deferred renditions), not a render.
     upgrade: bool = False
+    died: Died | None = None  # a traced claim that took the job from a dead delivery
 
 
 # One statement. Lock the photo, then its job (so the job is read as it is now, not as the
@@ -70,9 +87,14 @@ class Claim:
 # counted, nothing written; but a claim by the job's own holder (work in progress, its
 # first reply lost) goes on. Read by this statement, a pause committed before it started
 # holds whatever any worker has heard of it.
+# A traced claim ($10: its delivery's span id, else NULL) writes the span id on the attempt
+# row it inserts; and when it takes the job from another delivery whose row is still
+# `running` (its lease ran out, or the sweep re-enqueued the job meanwhile: its worker
+# died), it answers that row, whose span is written by the claimer (docs/tracing.md).
+# Untraced, that look is skipped whole (a constant filter).
 CLAIM_SQL = """
 WITH p AS (
-    SELECT id, original_key, processing_state, rerender_generation, lane, tenant,
+    SELECT id, original_key, processing_state, rerender_generation, lane, tenant, traceparent,
            processing_state IN ('processed', 'processing_failed')
            AND NOT (processing_state = 'processed' AND rerender_requested_at IS NOT NULL)
            AND NOT (processing_state = 'processed' AND upgrade_requested_at IS NOT NULL
@@ -84,7 +106,7 @@ WITH p AS (
     FROM photos WHERE id = $1 AND processing_state <> 'erased' FOR UPDATE
 ), prior AS (
     SELECT j.id, j.state, j.attempt, j.run_offset, j.stream_entry, j.consumer, j.error_code,
-           j.last_error, j.lease_token,
+           j.last_error, j.lease_token, j.started_at,
            j.state = 'active' AND j.holder = $4 AND j.stream_entry = $2 AS own,
            j.state = 'active' AND j.lease_until > now()
            AND ((j.holder IS DISTINCT FROM $4 AND j.consumer IS DISTINCT FROM $3)
@@ -141,10 +163,26 @@ WITH p AS (
     -- the delivery's `running` history row, in the claim's own commit ($7: its lane;
     -- NULL with DARKROOM_HISTORY=false). A claim by the job's own holder (its first reply
     -- was lost) has its row already: no second one, which would stay `running` for good.
-    INSERT INTO photo_attempts (photo_id, entry_id, consumer, lane)
-    SELECT $1, $2, $3, $7 FROM job
+    INSERT INTO photo_attempts (photo_id, entry_id, consumer, lane, span_id)
+    SELECT $1, $2, $3, $7, $10 FROM job
     WHERE $7::text IS NOT NULL AND NOT (SELECT own FROM next)
     RETURNING id
+), died AS (
+    -- traced ($10, this delivery's span id): the row of the claim this one takes the job
+    -- from (the photo's latest from the job's start back, its consumer's: that claim wrote
+    -- both with one now(); one entry of photo_attempts_photo_idx, read backwards) if still
+    -- `running`: that delivery never ended (its lease ran out, or a sweep re-enqueued the
+    -- job: its worker died), and its span is written now
+    SELECT last.span_id, last.started_at, last.entry_id, last.lane,
+           prior.attempt - prior.run_offset AS attempt, p.tenant,
+           coalesce(p.traceparent, $9::text) AS traceparent
+    FROM prior JOIN p ON true CROSS JOIN LATERAL (
+        SELECT a.span_id, a.started_at, a.entry_id, a.lane, a.outcome, a.consumer
+        FROM photo_attempts a WHERE a.photo_id = $1 AND a.started_at <= prior.started_at
+        ORDER BY a.started_at DESC, a.id DESC LIMIT 1) last
+    WHERE $10::text IS NOT NULL AND prior.state IN ('active', 'pending') AND NOT prior.own
+      AND last.consumer = prior.consumer AND last.outcome = 'running'
+      AND last.span_id IS NOT NULL AND EXISTS (SELECT 1 FROM job)
 ), own_row AS (
     SELECT a.id FROM photo_attempts a
     WHERE a.photo_id = $1 AND a.entry_id = $2 AND a.consumer = $3 AND a.outcome = 'running'
@@ -156,8 +194,12 @@ SELECT p.original_key, p.finished, p.processing_state, p.upgrade, job.run_attemp
        NOT next.own AND next.attempt - next.run_offset > $6 AS over_cap, prior.held,
        prior.stream_entry, prior.consumer, prior.error_code, prior.last_error,
        coalesce((SELECT id FROM attempt_row), (SELECT id FROM own_row)) AS attempt_row,
-       (SELECT held FROM paused) AND NOT coalesce(prior.own, false) AS paused
+       (SELECT held FROM paused) AND NOT coalesce(prior.own, false) AS paused,
+       died.span_id AS died_span, died.started_at AS died_at, died.entry_id AS died_entry,
+       died.lane AS died_lane, died.attempt AS died_attempt, died.tenant AS died_tenant,
+       died.traceparent AS died_traceparent
 FROM p LEFT JOIN job ON true LEFT JOIN prior ON true LEFT JOIN next ON true
+     LEFT JOIN died ON true
 """
 
 
@@ -191,14 +233,15 @@ async def claim(
     history_lane: str | None = None,
     lane: str | None = None,
     traceparent: str | None = None,
+    span_id: str | None = None,
 ) -> Claim:
     """`history_lane`: write the delivery's `running` history row (with that lane) in the
     same statement when a job is claimed; None writes none. `lane`: the stream the entry
     came from, which a pause of a lane holds (None: the photo's own lane). `traceparent`:
-    the entry's, kept on a photo that has none yet (every later hop carries it)."""
-    row = await pool.fetchrow(
-        CLAIM_SQL, photo_id, entry_id, consumer, *lease.args, history_lane, lane, traceparent
-    )
+    the entry's, kept on a photo that has none yet (every later hop carries it). `span_id`:
+    the delivery's span (tracing on), kept on its row; the claim then answers `died`."""
+    args = (photo_id, entry_id, consumer, *lease.args, history_lane, lane, traceparent, span_id)
+    row = await pool.fetchrow(CLAIM_SQL, *args)
     if row is None:
         return Claim("skipped", photo_id=photo_id)
     return _claim_of(photo_id, row)
@@ -209,7 +252,8 @@ def _claim_of(photo_id: uuid.UUID, row: Any) -> Claim:
                  last_entry=row["stream_entry"], error_code=row["error_code"],
                  last_error=row["last_error"], photo_id=photo_id,
                  history_row=row["attempt_row"],
-                 token=row["lease_token"] or 0, upgrade=bool(row["upgrade"]))  # fmt: skip
+                 token=row["lease_token"] or 0, upgrade=bool(row["upgrade"]),
+                 died=_died(row))  # fmt: skip
     if row["finished"]:
         return base
     if row["paused"]:
@@ -220,6 +264,13 @@ def _claim_of(photo_id: uuid.UUID, row: Any) -> Claim:
         return replace(base, outcome="claimed", attempt=row["run_attempt"], counted=not row["own"])
     # a live owner, or (rarely) a claim that committed while this one waited for the photo
     return replace(base, outcome="busy", owner=row["consumer"] if row["held"] else None)
+
+
+def _died(row: Any) -> Died | None:
+    if row["died_span"] is None:
+        return None
+    return Died(row["died_span"], row["died_at"], row["died_entry"], row["died_lane"],
+                row["died_attempt"], row["died_tenant"], row["died_traceparent"])  # fmt: skip
 
 
 # The heartbeat of this process's claims: their leases move on, so a worker that reclaims
