@@ -4,11 +4,13 @@ Redis.
 
     .venv/bin/python bench/flat.py [--rows 1000000] [--photos 300] [--out docs/benchmarks.md]
 
-In its own database (`darkroom_bench_flat`, dropped after), twice: first empty, then filled
-with `--rows` processed photos with their jobs, one attempt and one published event each
+In two databases of its own (`darkroom_bench_flat_empty` and `_full`, dropped after): one
+left empty (but for the drains' own photos), one filled with `--rows` processed photos
+with their jobs, one attempt and one published event each
 (`INSERT ... SELECT generate_series`, as bench/sweep.py and bench/pages.py fill theirs; the
 photos finished over the last 6 days, inside every retention, so no cleanup runs during the
-measurement; VACUUM ANALYZE after). Each time:
+measurement; VACUUM ANALYZE after). Each is measured ALTERNATIONS (3) times, in turns
+(empty, full, full, empty, empty, full), and each figure is the median of its turns:
 - a drain of `--photos` tiny PNGs by one `darkroom run --drain` worker: photos/s, and the
   CPU of the database sessions per photo (utime + stime from /proc of every backend on the
   database, sampled every 0.1 s);
@@ -47,8 +49,11 @@ from darkroom.operate.web import pages as web_pages
 from darkroom.queue.streams import Streams, connect
 from darkroom.store import db
 
-NAME = "darkroom_bench_flat"
-URL = f"postgresql://postgres@127.0.0.1:5432/{NAME}"
+# Two databases side by side, measured in alternating rounds (empty, full, full, empty,
+# ...): a shared machine's load moves within minutes, and a single run of each compared
+# one load with another.
+NAMES = {"empty": "darkroom_bench_flat_empty", "full": "darkroom_bench_flat_full"}
+ALTERNATIONS = 3
 ROUNDS = 20
 REQUESTS = 15
 VIEWS = {"overview `/`": "/", "photos `/photos`": "/photos", "`/metrics`": "/metrics"}
@@ -89,9 +94,19 @@ FROM photos WHERE original_key LIKE '%/flat.jpg'
 SIX_DAYS_S = 6 * 86400
 
 
+def url(name: str) -> str:
+    return f"postgresql://postgres@127.0.0.1:5432/{name}"
+
+
+def use(label: str) -> str:
+    """Point the rig (its CLI runs and the drain's session CPU) at one of the databases."""
+    e2e.DATABASE_URL, capacity.DATABASE = url(NAMES[label]), NAMES[label]
+    return NAMES[label]
+
+
 async def fill(rows: int) -> float:
     started = time.perf_counter()
-    conn = await asyncpg.connect(URL)
+    conn = await asyncpg.connect(url(NAMES["full"]))
     try:
         await conn.execute(PHOTOS_SQL, SIX_DAYS_S, rows)
         for sql in (JOBS_SQL, ATTEMPTS_SQL, EVENTS_SQL):
@@ -110,9 +125,9 @@ def drain(rig: e2e.Rig, paths: list[Path]) -> dict[str, float]:
             "worker_ms": run.cpu_ms / run.photos}  # fmt: skip
 
 
-async def in_process(streams: Streams) -> dict[str, dict[str, float]]:
-    pool = await db.connect(URL, 2)
-    admin = await asyncpg.connect(URL)
+async def in_process(streams: Streams, name: str) -> dict[str, dict[str, float]]:
+    pool = await db.connect(url(name), 2)
+    admin = await asyncpg.connect(url(name))
     try:
         finished = Finished()
         calls: dict[str, Callable[[], Awaitable[Any]]] = {
@@ -120,22 +135,24 @@ async def in_process(streams: Streams) -> dict[str, dict[str, float]]:
             # The web process keeps the charts' finished minutes between snapshots: so does this.
             "overview snapshot": lambda: web_pages.overview_data(pool, streams, finished),
         }
-        return {name: await timed(call, admin) for name, call in calls.items()}
+        return {label: await timed(call, admin, name) for label, call in calls.items()}
     finally:
         await admin.close()
         await pool.close()
 
 
-async def timed(call: Callable[[], Awaitable[Any]], admin: asyncpg.Connection) -> dict[str, float]:
+async def timed(
+    call: Callable[[], Awaitable[Any]], admin: asyncpg.Connection, name: str
+) -> dict[str, float]:
     """Median ms of ROUNDS calls, and the database CPU ms per call."""
     await call()  # warm: the pool's connections, their prepared statements
-    before = {pid: cpu_s(pid) for pid in await backends(admin, NAME)}
+    before = {pid: cpu_s(pid) for pid in await backends(admin, name)}
     times = []
     for _ in range(ROUNDS):
         started = time.perf_counter()
         await call()
         times.append((time.perf_counter() - started) * 1000)
-    after = {pid: cpu_s(pid) for pid in await backends(admin, NAME)}
+    after = {pid: cpu_s(pid) for pid in await backends(admin, name)}
     used = sum(t - before.get(pid, 0.0) for pid, t in after.items())
     return {"ms": statistics.median(times), "pg_ms": used * 1000 / ROUNDS}
 
@@ -153,28 +170,46 @@ def over_http(rig: e2e.Rig, stream: str) -> dict[str, float]:
         web.wait(30)
 
 
-def median_get(url: str) -> float:
+def median_get(address: str) -> float:
     times = []
     with httpx.Client(timeout=60) as client:
-        client.get(url).raise_for_status()
+        client.get(address).raise_for_status()
         for _ in range(REQUESTS):
             time.sleep(0.6)
             started = time.perf_counter()
-            client.get(url).raise_for_status()
+            client.get(address).raise_for_status()
             times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times)
 
 
 def measure(rig: e2e.Rig, paths: list[Path], label: str) -> dict[str, Any]:
+    name = use(label)
     print(f"  {label}: drain", file=sys.stderr)
     found: dict[str, Any] = {"drain": drain(rig, paths)}
+    print(f"  {label}: drain {found['drain']}", file=sys.stderr)
     stream = f"flat-{label}-{os.getpid()}"
     streams = Streams(connect(e2e.REDIS_URL), f"{{{stream}}}:photos", "darkroom", "bench",
                       f"{{{stream}}}:dead")  # fmt: skip
-    found["calls"] = asyncio.run(in_process(streams))
+    found["calls"] = asyncio.run(in_process(streams, name))
     print(f"  {label}: web", file=sys.stderr)
     found["http"] = over_http(rig, stream)
     return found
+
+
+def alternating(rig: e2e.Rig, paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """Each database measured ALTERNATIONS times, in ABBA order; the medians."""
+    found: dict[str, list[dict[str, Any]]] = {"empty": [], "full": []}
+    for i in range(ALTERNATIONS):
+        for label in ("empty", "full") if i % 2 == 0 else ("full", "empty"):
+            found[label].append(measure(rig, paths, label))
+    return {label: medians(runs) for label, runs in found.items()}
+
+
+def medians(runs: list[Any]) -> Any:
+    """The median of each figure over the runs (dicts of the same shape)."""
+    if isinstance(runs[0], dict):
+        return {key: medians([run[key] for run in runs]) for key in runs[0]}
+    return statistics.median(runs)
 
 
 def ratio(full: float, empty: float) -> str:
@@ -188,6 +223,7 @@ def report(head: str, rows: int, fill_s: float, empty: dict[str, Any], full: dic
         "",
         f"`bench/flat.py` ({head}; a machine shared with other jobs: single runs, noisy). "
         f"The same measures on an empty database and on one holding {rows:,} processed photos "
+        f"(each measured {ALTERNATIONS} times in alternating turns; medians) "
         f"with their jobs, one attempt and one published event each (filled in {fill_s:.0f} s, "
         "then VACUUM ANALYZE). Target: the full database within 10 % of the empty one.",
         "",
@@ -224,23 +260,24 @@ def main() -> None:
     parser.add_argument("--photos", type=int, default=300)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    e2e.DATABASE_URL, capacity.DATABASE = URL, NAME
     ctypes.CDLL(None).prctl(e2e.PR_SET_CHILD_SUBREAPER, 1)  # render processes' CPU counted
     head = machine()
     with tempfile.TemporaryDirectory(prefix="darkroom-flat-") as name:
         tmp = Path(name)
         rig = e2e.Rig(tmp)
         try:
-            rig.setup()
+            for label in NAMES:
+                use(label)
+                rig.setup()
             paths = e2e.tiny_pngs(tmp / "tiny", args.photos)
-            empty = measure(rig, paths, "empty")
             print(f"  filling {args.rows:,} photos", file=sys.stderr)
             fill_s = asyncio.run(fill(args.rows))
-            full = measure(rig, paths, "full")
+            both = alternating(rig, paths)
         finally:
-            subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists",
-                            "--force", NAME], check=True)  # fmt: skip
-    body = report(head, args.rows, fill_s, empty, full, args.photos)
+            for database in NAMES.values():
+                subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists",
+                                "--force", database], check=True)  # fmt: skip
+    body = report(head, args.rows, fill_s, both["empty"], both["full"], args.photos)
     print(body)
     if args.out:
         write_section(args.out, "flat", body)

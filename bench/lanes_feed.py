@@ -17,6 +17,7 @@ bench/lanes.py runs it (`--feed-seconds`) and writes its table into the lanes se
 from __future__ import annotations
 
 import os
+import statistics
 import time
 import uuid
 from collections.abc import Iterator
@@ -112,6 +113,11 @@ class Run:
     first_start_s: float = float("nan")
     upload_max_s: float = float("nan")
     shares: dict[str, int] = field(default_factory=dict)
+    ratios: list[float] = field(default_factory=list)  # each round's both / single, same slots
+
+
+NUMBERS = ("single", "single_bulk_slots", "bulk", "both", "first_s", "first_start_s",
+           "upload_max_s")  # fmt: skip
 
 
 async def feed_photos(rig: Rig, tiny: Path, corpus: list[Path]) -> list[Photo]:
@@ -224,28 +230,63 @@ async def bulk_lane(rig: Rig, photo: Photo, workers: int, seconds: float, run: R
     await clean(rig, settings)
 
 
-async def measure(rig: Rig, made: list[Photo], seconds: float) -> dict[tuple[str, int], Run]:
+async def measure(
+    rig: Rig, made: list[Photo], seconds: float, rounds: int = 3
+) -> dict[tuple[str, int], Run]:
     """Every run with the regular slots' processes at nice 0: on a machine shared with
     other work, a nice +5 process (the regular slots' beside a reserved one) loses CPU to
     it, and the single lane without a reserved slot would run un-niced: the comparison
     would measure the niceness, not the feeding."""
     renderer.REGULAR_NICE, nice = 0, renderer.REGULAR_NICE
     try:
-        return await measure_all(rig, made, seconds)
+        return await measure_all(rig, made, seconds, rounds)
     finally:
         renderer.REGULAR_NICE = nice
 
 
-async def measure_all(rig: Rig, made: list[Photo], seconds: float) -> dict[tuple[str, int], Run]:
+async def measure_all(
+    rig: Rig, made: list[Photo], seconds: float, rounds: int
+) -> dict[tuple[str, int], Run]:
+    """Each photo size and worker count `rounds` times, the three runs in turns (single,
+    single on bulk's slots, bulk; then the reverse): a shared machine's load moves within
+    seconds, and one run of each compared one load with another. Each figure is the
+    median of its rounds; `ratios` keeps each round's both / single, same slots."""
     runs = {}
     for photo in made:
         for workers in (1, 3):
-            run, span = Run(), seconds * LONGER.get(photo.name, 1.0)
-            run.single = await single_lane(rig, photo, workers, span)
-            run.single_bulk_slots = await single_lane(rig, photo, workers, span, **UNRESERVED)
-            await bulk_lane(rig, photo, workers, span, run)
-            runs[(photo.name, workers)] = run
+            span, found = seconds * LONGER.get(photo.name, 1.0), []
+            for i in range(rounds):
+                found.append(await one_round(rig, photo, workers, span, reverse=i % 2 == 1))
+            runs[(photo.name, workers)] = median_run(found)
     return runs
+
+
+async def one_round(rig: Rig, photo: Photo, workers: int, span: float, reverse: bool) -> Run:
+    run = Run()
+
+    async def single() -> None:
+        run.single = await single_lane(rig, photo, workers, span)
+
+    async def unreserved() -> None:
+        run.single_bulk_slots = await single_lane(rig, photo, workers, span, **UNRESERVED)
+
+    async def bulk() -> None:
+        await bulk_lane(rig, photo, workers, span, run)
+
+    for step in (bulk, unreserved, single) if reverse else (single, unreserved, bulk):
+        await step()
+    return run
+
+
+def median_run(found: list[Run]) -> Run:
+    """The median of each figure over the rounds; the tenants' shares summed."""
+    middle = Run(**{name: statistics.median(getattr(r, name) for r in found)
+                    for name in NUMBERS})  # fmt: skip
+    for r in found:
+        for tenant, n in r.shares.items():
+            middle.shares[tenant] = middle.shares.get(tenant, 0) + n
+        middle.ratios.append(r.both / r.single_bulk_slots if r.single_bulk_slots else 0.0)
+    return middle
 
 
 def feed_table(runs: dict[tuple[str, int], Run]) -> str:
@@ -261,9 +302,10 @@ def feed_table(runs: dict[tuple[str, int], Run]) -> str:
         alone = r.bulk / r.single if r.single else float("nan")
         same = r.both / r.single_bulk_slots if r.single_bulk_slots else float("nan")
         shares = " / ".join(str(r.shares.get(t, 0)) for t, _ in TENANTS)
+        rounds = ", ".join(f"{x:.2f}" for x in r.ratios)
         lines.append(f"| {name} | {workers} | {r.single:.1f} | {r.single_bulk_slots:.1f} "
                      f"| {r.both:.1f} | {r.bulk:.1f} | {ratio:.2f} × | {alone:.2f} × "
-                     f"| {same:.2f} × "
+                     f"| {same:.2f} × ({rounds}) "
                      f"| {r.first_start_s:.2f}, {r.first_s:.2f} "
                      f"| {r.upload_max_s:.2f} | {shares} |")  # fmt: skip
     return "\n".join(lines)

@@ -435,6 +435,27 @@ async def test_past_the_cap_only_the_big_count_is_estimated_the_failures_stay_ex
     assert states["processed"] == 300 - 37 - 6, "ANALYZE's 300 rows less the exact others"
 
 
+async def test_a_state_the_statistics_put_past_the_cap_is_not_counted(
+    pool: db.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The processed photos, past twice the cap at the last ANALYZE, are not counted at all
+    (their index is not read): deleting most of them shows only after the next ANALYZE,
+    while the states an operator acts on stay exact."""
+    await pool.execute(FILL_SQL, 300)  # 264 processed, 30 failed, 6 queued or in progress
+    await pool.execute("ANALYZE photos")
+    await pool.execute(
+        "DELETE FROM photos WHERE id IN (SELECT id FROM photos"
+        " WHERE processing_state = 'processed' LIMIT 200)"
+    )
+    monkeypatch.setattr(views, "COUNTS_CAP", 100)
+    states, _, estimated = await views.counts(pool)
+    assert estimated and states["processed"] == 300 - 30 - 6, "the statistics' figure"
+    assert states["processing_failed"] == 30
+    await pool.execute("ANALYZE photos")
+    states, _, estimated = await views.counts(pool)
+    assert not estimated and states["processed"] == 64
+
+
 async def test_the_throughput_charts_read_only_the_minutes_not_yet_settled(pool: db.Pool) -> None:
     """The first load reads the day; a refresh reads only the photos finished since the
     last settled minute, and its charts still count every photo: an hour-old photo once,

@@ -36,6 +36,7 @@ from darkroom.queue.lanes import entry_tenant
 from darkroom.queue.limits import Rate, Throttle
 from darkroom.queue.messages import task_fields
 from darkroom.queue.pauses import Paused
+from darkroom.queue.reserve import Reserve
 from darkroom.queue.scheduler import Pending, Scheduler
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
@@ -84,8 +85,9 @@ class Feeder:
     horizon: Horizon = field(default_factory=lambda: Horizon(CLAIM_GRACE_MS / 1000))
     _notice: float | None = None  # the newest notification not yet behind the horizon
     _bulk_due: bool = False  # a worker took bulk entries since the last top-up
-    _reserve: int = 0
-    _reserve_at: float = float("-inf")
+    _places: int = 0
+    _places_at: float = float("-inf")
+    reserve: Reserve = field(default_factory=Reserve)
     _limits_at: float = float("-inf")
     _uploads_after: datetime | None = None  # interactive uploads charged up to here
     _owed: set[str] = field(default_factory=set)  # released, not yet fed since
@@ -164,6 +166,7 @@ class Feeder:
         self.scheduler = self._new_scheduler()
         self.throttle.release_all()
         self._limits_at, self._uploads_after = float("-inf"), None
+        self.reserve = Reserve()
         self._tenure = tenure
         await self.bulk.ensure_group()
         next_catch_up = next_scan = self.clock.now()
@@ -284,8 +287,10 @@ class Feeder:
         if not len(self.scheduler) or self.paused.lane("bulk"):
             return  # a paused lane gets nothing more to wait in its stream
         self.scheduler.hold(self.paused.tenants("bulk"))
-        reserve = await self._reserve_size()
-        room = reserve - await self.bulk.undelivered()
+        undelivered = await self.bulk.undelivered()
+        self.reserve.look(self.clock.now(), undelivered)
+        reserve = self.settings.bulk_ahead or self.reserve.size(await self._live_places())
+        room = reserve - undelivered
         self._owed.update(self._released())
         if room < max(1, reserve // 2):
             if self._owed and room > 0:
@@ -307,19 +312,19 @@ class Feeder:
                                "tenant": entry_tenant(p.tenant)}) for p in picked]  # fmt: skip
         if not await self._enqueue(conn, self.bulk, batch):
             return False
+        self.reserve.fed(len(batch))
         metrics.FED.labels("bulk").inc(len(batch))
         return True
 
-    async def _reserve_size(self) -> int:
-        """DARKROOM_BULK_AHEAD, or (0) as many entries as the live bulk consumers have
-        regular places (this worker's count for each): every place that frees finds one."""
-        if self.settings.bulk_ahead:
-            return self.settings.bulk_ahead
-        if self.clock.now() >= self._reserve_at:
+    async def _live_places(self) -> int:
+        """As many entries as the live bulk consumers have regular places (this worker's
+        count for each): every place that frees finds one. The reserve (queue/reserve.py)
+        holds more when the workers take more in its time; DARKROOM_BULK_AHEAD overrides."""
+        if self.clock.now() >= self._places_at:
             live = await self.bulk.live_consumers(LIVE_CONSUMER_MS)
-            self._reserve = self.settings.in_flight_bound * max(1, live)
-            self._reserve_at = self.clock.now() + RESERVE_EVERY_S
-        return self._reserve
+            self._places = self.settings.in_flight_bound * max(1, live)
+            self._places_at = self.clock.now() + RESERVE_EVERY_S
+        return self._places
 
     async def _pick(self, conn: intake.Connection, most: int) -> list[Pending]:
         """Up to `most` photos in the scheduler's order, loading tenants' pages as it asks.

@@ -27,12 +27,15 @@ class Finished:
     # are final and not read again
     minutes: dict[datetime, tuple[int, int]] = field(default_factory=dict)
     settled: datetime | None = None
+    # hour start -> the sums of its kept minutes, kept as minutes come and go: summing a
+    # day of minutes on every refresh cost 2 ms of the web process's CPU per snapshot
+    sums: dict[datetime, tuple[int, int]] = field(default_factory=dict)
 
     async def charts(self, pool: db.Pool) -> tuple[Buckets, Buckets]:
         """(per minute over the last hour, per hour over the last day), 0 where none."""
         now, rows = await views.throughput(pool, "minute", DAY.total_seconds(), self.settled)
         self.merge(now, rows)
-        return chart.fill(now, self.series(), "minute", 60), chart.fill(
+        return chart.fill(now, self.series(now), "minute", 60), chart.fill(
             now, self.hours(), "hour", 24
         )
 
@@ -40,19 +43,36 @@ class Finished:
         """Pure: the rows read from `settled` on replace those minutes; a day's worth kept."""
         if self.settled is not None:
             for start in [m for m in self.minutes if m >= self.settled]:
-                del self.minutes[start]
-        self.minutes.update({start: (p, f) for start, p, f in rows})
+                self._drop(start)
+        for start, p, f in rows:
+            self._drop(start)
+            self._keep(start, (p, f))
         for start in [m for m in self.minutes if m < now - DAY - timedelta(hours=1)]:
-            del self.minutes[start]
+            self._drop(start)
         self.settled = chart.truncate(now - SETTLE, "minute")
 
-    def series(self) -> Buckets:
-        return [(start, p, f) for start, (p, f) in sorted(self.minutes.items())]
+    def _keep(self, start: datetime, counts: tuple[int, int]) -> None:
+        self.minutes[start] = counts
+        self._add(start, counts, 1)
+
+    def _drop(self, start: datetime) -> None:
+        counts = self.minutes.pop(start, None)
+        if counts is not None:
+            self._add(start, counts, -1)
+
+    def _add(self, start: datetime, counts: tuple[int, int], sign: int) -> None:
+        hour = chart.truncate(start, "hour")
+        p, f = self.sums.get(hour, (0, 0))
+        summed = (p + sign * counts[0], f + sign * counts[1])
+        if summed == (0, 0) and sign < 0:
+            self.sums.pop(hour, None)
+        else:
+            self.sums[hour] = summed
+
+    def series(self, now: datetime) -> Buckets:
+        """The minutes of the last hour (the chart shows no more)."""
+        since = chart.truncate(now, "minute") - timedelta(hours=1)
+        return [(start, p, f) for start, (p, f) in self.minutes.items() if start > since]
 
     def hours(self) -> Buckets:
-        summed: dict[datetime, tuple[int, int]] = {}
-        for start, (p, f) in self.minutes.items():
-            hour = chart.truncate(start, "hour")
-            before = summed.get(hour, (0, 0))
-            summed[hour] = (before[0] + p, before[1] + f)
-        return [(start, p, f) for start, (p, f) in sorted(summed.items())]
+        return [(start, p, f) for start, (p, f) in sorted(self.sums.items())]

@@ -12,30 +12,53 @@ from typing import Any, Literal
 from darkroom.store.db import Cursor, Pool, translated
 
 # The status's counts (`darkroom status`, the page's overview and its /metrics, every few
-# seconds) cost the same whatever photos holds: each state, and the failures by code, are
-# counted on their own index (photos_state_updated_idx, photos_code_idx) up to COUNTS_CAP
-# rows. What an operator acts on (queued, in progress, failed, by code) stays exact while
-# it is under the cap, which is nearly always; only a count past it (typically the
-# processed photos) is estimated from the planner's statistics.
+# seconds) cost the same whatever photos holds. A state that ANALYZE's sample puts past
+# SKIP_AT (typically the processed photos) is not counted at all: its figure is the
+# planner's estimate. Every other state, and the failures by code, are counted on their own
+# index (photos_state_updated_idx, photos_code_idx) up to COUNTS_CAP rows. So what an
+# operator acts on (queued, in progress, failed, by code) stays exact while it is under the
+# cap, which is nearly always, and no count reads the big state's index entries.
 COUNTS_CAP = 10_000
 STATES = ("uploaded", "processing", "processed", "processing_failed", "erased")
+# Each state's share of the last ANALYZE's sample times the table's row estimate (no row
+# before the first ANALYZE: every state is counted then). Looked up by the view's own
+# columns, so the catalog is read through its indexes, not scanned.
+SHARES_CTE = """
+WITH share AS (
+    SELECT v.value AS state, v.freq * greatest(c.reltuples, 0) AS n
+    FROM pg_class c
+    JOIN pg_stats s ON s.tablename = c.relname AND s.attname = 'processing_state'
+        AND s.schemaname = (SELECT relnamespace::regnamespace::text FROM pg_class
+                            WHERE oid = 'photos'::regclass)
+    CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs)
+        AS v(value, freq)
+    WHERE c.oid = 'photos'::regclass
+)
+"""
 # Each state a literal of its own, so each is planned with its own statistics: a rare
 # state reads its index, not the whole table (one correlated subquery over the states
 # array was planned once for all of them: a sequential scan of 1,000,000 rows to find 0).
-COUNTS_SQL = "\nUNION ALL\n".join(
+# The CASE runs a state's count only when its estimate is under {skip_at}. The bounds are
+# literals, not parameters: with a parameter in LIMIT the plan cache kept planning it anew
+# (2 ms a call, most of its cost), while a statement without one is planned once.
+COUNTS_SQL = SHARES_CTE + "\nUNION ALL\n".join(
     [
-        f"SELECT '{state}' AS state, NULL::text AS code, (SELECT count(*) FROM (SELECT 1"
-        f" FROM photos WHERE processing_state = '{state}' LIMIT $1) capped)::int AS n"
+        f"SELECT '{state}' AS state, NULL::text AS code, CASE WHEN coalesce((SELECT n FROM"
+        f" share WHERE state = '{state}'), 0) < {{skip_at}} THEN (SELECT count(*) FROM (SELECT 1"
+        f" FROM photos WHERE processing_state = '{state}' LIMIT {{limit}}) capped) END::int AS n,"
+        f" (SELECT n FROM share WHERE state = '{state}') AS estimate"
         for state in STATES
     ]
     + [
-        "(SELECT 'processing_failed', error_code, count(*)::int FROM (SELECT error_code"
-        " FROM photos WHERE error_code IS NOT NULL LIMIT $1) coded GROUP BY 2)"
+        "SELECT 'rows', NULL, NULL, greatest(reltuples, 0)::float8 FROM pg_class"
+        " WHERE oid = 'photos'::regclass",
+        "(SELECT 'processing_failed', error_code, count(*)::int, NULL FROM (SELECT error_code"
+        " FROM photos WHERE error_code IS NOT NULL AND coalesce((SELECT n FROM share"
+        " WHERE state = 'processing_failed'), 0) < {skip_at} LIMIT {limit}) coded GROUP BY 2)",
     ]
 )
-# Past the cap: the row estimate of the last ANALYZE (autovacuum runs it as the table
-# changes), and each state's and code's share of ANALYZE's sample (a code too rare for the
-# sample is left out of an estimated table).
+# Past the cap for the failures too: each code's share of ANALYZE's sample (a code too
+# rare for the sample is left out of an estimated table).
 ESTIMATED_COUNTS_SQL = """
 SELECT 'rows' AS attname, NULL AS value, greatest(c.reltuples, 0)::float8 AS n
 FROM pg_class c WHERE c.oid = 'photos'::regclass
@@ -61,17 +84,42 @@ async def photo_counts(pool: Pool) -> Counts:
 @translated
 async def counts(pool: Pool) -> tuple[dict[str, int], dict[str, int], bool]:
     """(photos by state, failed photos by error code, estimated): True when a count past
-    COUNTS_CAP was replaced by the planner's estimate."""
-    rows = await pool.fetch(COUNTS_SQL, COUNTS_CAP + 1)
-    states = {r["state"]: r["n"] for r in rows if r["code"] is None and r["n"]}
-    codes = {r["code"]: r["n"] for r in rows if r["code"] is not None}
+    COUNTS_CAP, or a state the statistics put past twice it, is the planner's estimate."""
+    rows = await pool.fetch(COUNTS_SQL.format(limit=COUNTS_CAP + 1, skip_at=2 * COUNTS_CAP))
+    states, codes, estimates = read_counts([tuple(r) for r in rows], COUNTS_CAP)
     if max(states.values(), default=0) <= COUNTS_CAP and sum(codes.values()) <= COUNTS_CAP:
         return (*fold_exact(states, codes), False)
-    estimates = [tuple(r) for r in await pool.fetch(ESTIMATED_COUNTS_SQL)]
+    if codes_past(states, codes, COUNTS_CAP):
+        estimates = [tuple(r) for r in await pool.fetch(ESTIMATED_COUNTS_SQL)]
     if not any(name == "rows" and n > 0 for name, _, n in estimates):
         # Never analyzed yet (autovacuum's first ANALYZE comes soon): a full count, once.
         return (*fold_counts([tuple(r) for r in await pool.fetch(ALL_COUNTS_SQL)]), False)
     return (*fold_estimates(states, codes, estimates, COUNTS_CAP), True)
+
+
+Estimates = list[tuple[str, Any, float]]
+
+
+def read_counts(
+    rows: list[tuple[str, str | None, int | None, float | None]], cap: int
+) -> tuple[dict[str, int], dict[str, int], Estimates]:
+    """Pure: COUNTS_SQL's rows as (states, codes, estimates); a state left uncounted for
+    its estimate stands at cap + 1, past the cap."""
+    states = {state: cap + 1 if n is None else n for state, code, n, _ in rows
+              if code is None and state != "rows"}  # fmt: skip
+    codes = {code: n or 0 for _, code, n, _ in rows if code is not None}
+    estimates: Estimates = [
+        ("rows", None, estimate or 0.0) if state == "rows"
+        else ("processing_state", state, estimate or 0.0)
+        for state, code, _, estimate in rows if code is None
+    ]  # fmt: skip
+    return {state: n for state, n in states.items() if n}, codes, estimates
+
+
+def codes_past(states: dict[str, int], codes: dict[str, int], cap: int) -> bool:
+    """Pure: the failures by code must come from the statistics (counted past the cap, or
+    not counted at all because the failed photos' estimate was past it)."""
+    return sum(codes.values()) > cap or (states.get("processing_failed", 0) > cap and not codes)
 
 
 ALL_COUNTS_SQL = "SELECT processing_state, error_code, count(*)::int AS n FROM photos GROUP BY 1, 2"
@@ -99,7 +147,7 @@ def fold_estimates(
     for state in over:
         guess = rows - exact if len(over) == 1 else share.get(state, 0.0)
         states[state] = max(cap + 1, round(guess))
-    if sum(codes.values()) > cap:
+    if codes_past(states, codes, cap):
         by_state, _ = fold_exact(states, {})
         coded = {v: round(n) for name, v, n in estimates if name == "error_code" and v}
         return by_state, dict(sorted(coded.items(), key=lambda item: (-item[1], item[0])))
@@ -228,18 +276,24 @@ async def page_photos(
 # Photos finished per `$1` bucket ('minute' or 'hour') over the last $2 seconds, from $3 on
 # if given (NULL: the whole span): processed from processed_at, failed from the updated_at
 # of failed photos. Buckets with none are absent.
+# One statement, one round trip: the database's clock (`now`) on every row, and one row
+# with a NULL bucket when nothing finished.
 THROUGHPUT_SQL = """
-SELECT date_trunc($1, t, 'UTC') AS bucket,
-       sum(processed)::int AS processed, sum(failed)::int AS failed
-FROM (
-    SELECT processed_at AS t, 1 AS processed, 0 AS failed FROM photos
-    WHERE processed_at >= greatest(now() - make_interval(secs => $2), $3::timestamptz)
-    UNION ALL
-    SELECT updated_at, 0, 1 FROM photos
-    WHERE processing_state = 'processing_failed'
-      AND updated_at >= greatest(now() - make_interval(secs => $2), $3::timestamptz)
-) finished
-GROUP BY 1 ORDER BY 1
+SELECT now() AS now, b.bucket, b.processed, b.failed
+FROM (SELECT 1) one LEFT JOIN (
+    SELECT date_trunc($1, t, 'UTC') AS bucket,
+           sum(processed)::int AS processed, sum(failed)::int AS failed
+    FROM (
+        SELECT processed_at AS t, 1 AS processed, 0 AS failed FROM photos
+        WHERE processed_at >= greatest(now() - make_interval(secs => $2), $3::timestamptz)
+        UNION ALL
+        SELECT updated_at, 0, 1 FROM photos
+        WHERE processing_state = 'processing_failed'
+          AND updated_at >= greatest(now() - make_interval(secs => $2), $3::timestamptz)
+    ) finished
+    GROUP BY 1
+) b ON true
+ORDER BY b.bucket
 """
 
 
@@ -252,7 +306,7 @@ async def throughput(
 ) -> tuple[Any, Series]:
     """(now, [(bucket start, processed, failed), ...]) in the database's clock; only the
     photos finished from `since` on, if given."""
-    async with pool.acquire() as conn, conn.transaction():
-        now = await conn.fetchval("SELECT now()")
-        rows = await conn.fetch(THROUGHPUT_SQL, bucket, span_s, since)
-    return now, [(r["bucket"], r["processed"], r["failed"]) for r in rows]
+    rows = await pool.fetch(THROUGHPUT_SQL, bucket, span_s, since)
+    return rows[0]["now"], [
+        (r["bucket"], r["processed"], r["failed"]) for r in rows if r["bucket"] is not None
+    ]
