@@ -221,7 +221,7 @@ def report(head: str, rows: int, fill_s: float, empty: dict[str, Any], full: dic
     lines = [
         "## Flat as the tables grow",
         "",
-        f"`bench/flat.py` ({head}; a machine shared with other jobs: single runs, noisy). "
+        f"`bench/flat.py` ({head}; a machine shared with other jobs). "
         f"The same measures on an empty database and on one holding {rows:,} processed photos "
         f"(each measured {ALTERNATIONS} times in alternating turns; medians) "
         f"with their jobs, one attempt and one published event each (filled in {fill_s:.0f} s, "
