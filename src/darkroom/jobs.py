@@ -296,10 +296,3 @@ def _give_up_if_malformed(entry: Entry, deliveries: int) -> None:
     except BadMessageError as exc:
         message = f"delivered {deliveries} times without finishing; {exc}"
         raise AttemptsExhaustedError(message) from exc
-
-
-def _photo_id(entry: Entry) -> uuid.UUID | None:
-    try:
-        return parse_task(entry).photo_id
-    except DarkroomError:
-        return None
