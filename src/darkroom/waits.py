@@ -1,8 +1,9 @@
 """A delivery's waits in place, around its processing until the ack: a dependency outage
 (health.Gate) is waited out and a transient error waits in place (a few quick retries for
-another dependency error), so none of them costs the photo an attempt; a transient streak
-past DARKROOM_TRANSIENT_BUDGET_S ends the attempt. Mixed into Jobs (jobs.py), which owns the
-state it reads and the processing it retries.
+another dependency error), so none of them costs the photo an attempt; once the policy
+allows no more (a transient streak past DARKROOM_TRANSIENT_BUDGET_S), the error is the
+attempt's, failed by Jobs. Mixed into Jobs (jobs.py), which owns the state it reads and the
+processing it retries.
 
 Ordering hazards: once the publish committed, only the ack is retried. A stop while the
 entry waits leaves it pending (LeftPending), and a stop that cuts the work short gives the
