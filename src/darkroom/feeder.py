@@ -5,9 +5,9 @@ go to the bulk stream in the scheduler's fair order, as a standing reserve of un
 entries (DARKROOM_BULK_AHEAD, or every live worker's regular places) topped up in one batch
 once workers say they took half of it. One feeder at a time across all workers: the holder
 of the feeder's leased duty (duty.py), which LISTENs on darkroom_intake on a dedicated
-connection while it holds it. A tenant over its rate (store/limits.py, queue/buckets.py) is
-charged as its photos are XADDed, once per batch, and held out of the fair order until its
-bucket has room: the other tenants take its turns.
+connection while it holds it. A tenant over its rate (limiting.py, mixed in) is charged
+as its photos are XADDed, once per batch, and held out of the fair order until its bucket
+has room: the other tenants take its turns.
 
 Ordering hazards, for each batch: the job rows before the XADDs (a claim must find them to
 lock), written under the duty's fence: a feeder that lost its lease learns it there and
@@ -30,8 +30,9 @@ from darkroom import metrics
 from darkroom.duty import Duty, Tenure
 from darkroom.errors import DarkroomError
 from darkroom.health import Clock, RealClock
-from darkroom.queue.buckets import Buckets, Charge
-from darkroom.queue.horizon import Horizon, Mark
+from darkroom.limiting import RateLimits
+from darkroom.queue.buckets import Buckets
+from darkroom.queue.horizon import INTAKE_GRACE_MS, Horizon, Mark
 from darkroom.queue.lanes import entry_tenant
 from darkroom.queue.limits import Rate, Throttle
 from darkroom.queue.messages import task_fields
@@ -40,13 +41,10 @@ from darkroom.queue.reserve import Reserve
 from darkroom.queue.scheduler import Pending, Scheduler
 from darkroom.queue.streams import Streams
 from darkroom.settings import Settings
-from darkroom.store import db, duties, intake, limits
+from darkroom.store import db, duties, intake
 
 log = structlog.get_logger("darkroom.feeder")
 
-# A producer that inserts and XADDs does so within this of its row's created_at; the
-# intake counts its entry among those XADDed before a mark only for rows this much older.
-INTAKE_GRACE_MS = 250
 # A delivered entry is claimed (enqueued_at set) within this of its delivery: a mark is used
 # only this long after the group was first seen delivered past it.
 CLAIM_GRACE_MS = 250
@@ -71,7 +69,7 @@ Fields = dict[str, str]
 
 
 @dataclass
-class Feeder:
+class Feeder(RateLimits):
     settings: Settings
     pool: db.Pool
     streams: Streams
@@ -347,79 +345,7 @@ class Feeder:
             self.scheduler.refill(choice.tenant, pending)
         return picked
 
-    # -- rate limits ----------------------------------------------------------------------
-
-    async def load_limits(self, conn: intake.Connection) -> None:
-        """The tenants' own rates from PostgreSQL (the truth); a change releases every
-        held tenant, which its bucket then judges again."""
-        own = {t: Rate(lim.per_s, lim.burst, lim.interactive)
-               for t, lim in limits.limits_of(await limits.listed(conn)).items()}  # fmt: skip
-        for tenant in self.throttle.load(own):
-            self.scheduler.unthrottle(tenant)
-
-    async def charge_interactive(self, conn: intake.Connection) -> None:
-        """Tenants charged for their interactive photos (`limits set --interactive`): the
-        uploads since the last look, charged whatever the bucket holds (an upload is never
-        delayed; the tenant's bulk photos wait off the debt). From a takeover on: a dead
-        feeder's last window is not charged (an undercharge, never a double charge)."""
-        tenants = [t for t, rate in self.throttle.own.items() if rate.interactive and rate.limited]
-        counts, self._uploads_after = await limits.interactive_uploads(
-            conn, tenants, self._uploads_after, INTAKE_GRACE_MS / 1000
-        )
-        charges = [Charge(t, self.throttle.rate_of(t), n, force=True) for t, n in counts.items()]
-        await self.buckets.take(charges)
-
-    def _released(self) -> list[str]:
-        """Held tenants whose bucket has room again: back at the ring's head."""
-        released = self.throttle.due(self.clock.now())
-        for tenant in released:
-            self.scheduler.unthrottle(tenant, first=True)
-        return released
-
-    async def _feed_owed(self, conn: intake.Connection, room: int) -> None:
-        """Released tenants are fed as soon as the reserve has room, not at the next top-up
-        (half of it taken): a bucket left full loses the credit past its burst, and the
-        tenant would fall short of its rate. Only their photos, within the reserve, so a
-        limit never buys a tenant more than the reserve; the others' picks go back."""
-        owed, self._owed = self._owed, set()
-        most = min(room, sum(self.throttle.rate_of(t).photos_at_once for t in owed))
-        picked = await self._pick(conn, most)
-        for tenant, photos in _by_tenant([p for p in picked if p.tenant not in owed]).items():
-            self.scheduler.give_back(tenant, photos)
-        if admitted := await self._within_rates([p for p in picked if p.tenant in owed]):
-            await self._feed_picked(conn, admitted)
-
-    async def _within_rates(self, picked: list[Pending]) -> list[Pending]:
-        """The photos picked that their tenants' buckets admit (one script call for the
-        batch); the rest go back to the head of their tenant's line and the tenant is held
-        until its bucket has room. A photo refused is never lost: it is not marked fed."""
-        by_tenant = _by_tenant(picked)
-        rates = {tenant: self.throttle.rate_of(tenant) for tenant in by_tenant}
-        charges = [Charge(t, rates[t], len(by_tenant[t])) for t in by_tenant if rates[t].limited]
-        refused: set[uuid.UUID] = set()
-        answers = await self.buckets.take(charges)
-        for charge, (admitted, wait_s) in zip(charges, answers, strict=True):
-            if admitted < charge.photos:
-                self._hold(charge.tenant, by_tenant[charge.tenant][admitted:], wait_s)
-                refused.update(p.photo_id for p in by_tenant[charge.tenant][admitted:])
-        return [photo for photo in picked if photo.photo_id not in refused]
-
-    def _hold(self, tenant: str, photos: list[Pending], wait_s: float) -> None:
-        self.scheduler.give_back(tenant, photos)
-        self.scheduler.throttle(tenant)
-        self.throttle.hold(tenant, self.clock.now() + wait_s)
-        # A label of its own for a tenant weighted or with its own rate: operators name few.
-        own = tenant in self.named or tenant in self.throttle.own
-        metrics.THROTTLED.labels(tenant if own else metrics.OTHER_TENANT).inc()
-
 
 def _context(traceparent: str | None) -> Fields:
     """A row's trace context as its entry's `carried` fields (task_fields keeps a valid one)."""
     return {"traceparent": traceparent} if traceparent else {}
-
-
-def _by_tenant(photos: list[Pending]) -> dict[str, list[Pending]]:
-    by_tenant: dict[str, list[Pending]] = {}
-    for photo in photos:
-        by_tenant.setdefault(photo.tenant, []).append(photo)
-    return by_tenant

@@ -19,6 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+# A producer that inserts and XADDs does so within this of its row's created_at; the
+# intake counts its entry among those XADDed before a mark only for rows this much older.
+INTAKE_GRACE_MS = 250
 # Unripe marks kept while a backlog lasts; past it, every other one is dropped (a coarser
 # horizon is a later one, never a duplicate).
 MAX_MARKS = 256
