@@ -114,3 +114,33 @@ async def test_a_set_reserve_is_kept_whatever_the_workers(
             feeder.stop()
     finally:
         await pool.close()
+
+
+async def test_the_reserve_grows_while_workers_take_quickly(
+    database_url: str, streams: Streams
+) -> None:
+    """One worker's 4 places, taken as fast as they are fed (a worker on tiny photos): the
+    feeder's reserve grows past the places (queue/reserve.py), so a top-up feeds tens of
+    entries at a time; with nothing taken for its window, it falls back to the places."""
+    pool = await db.connect(database_url, 4)
+    settings = Settings(concurrency=2, database_url=database_url, stream=streams.stream,
+                        dead_letter_stream=streams.dead_stream)  # fmt: skip
+    bulk = streams.for_lane("bulk")
+    await streams.join()
+    await add_backlog(pool, ["a"], 600)
+    feeder = Feeder(settings, pool, streams, anyio.Event(), "test/feeder")
+    most = 0
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(feeder.run)
+            await wait_until(lambda: _length_is(bulk, 4))
+            with anyio.move_on_after(10):  # a hang guard: the backlog runs out well before
+                while most <= 12:
+                    most = max(most, await bulk.undelivered())
+                    if taken := await bulk.read_new(100, None):
+                        await bulk.say_taken(len(taken))
+                    await anyio.sleep(0.01)
+            feeder.stop()
+    finally:
+        await pool.close()
+    assert most > 12, "the reserve stayed at the places' 4"

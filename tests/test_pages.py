@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -454,6 +455,46 @@ async def test_a_state_the_statistics_put_past_the_cap_is_not_counted(
     await pool.execute("ANALYZE photos")
     states, _, estimated = await views.counts(pool)
     assert not estimated and states["processed"] == 64
+
+
+async def test_the_states_an_operator_acts_on_stay_exact_however_stale_the_statistics(
+    pool: db.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ANALYZE saw 300 photos queued; they were processed since, with no new ANALYZE (a
+    drained backlog on a big table does not trigger one): the queue reads 0, not the
+    statistics' 300."""
+    await pool.execute(
+        "INSERT INTO photos (id, original_key) SELECT gen_random_uuid(), 'originals/x'"
+        " FROM generate_series(1, 300)"
+    )
+    await pool.execute("ANALYZE photos")
+    await pool.execute("UPDATE photos SET processing_state = 'processed', processed_at = now()")
+    monkeypatch.setattr(views, "COUNTS_CAP", 100)
+    states, _, estimated = await views.counts(pool)
+    assert states.get("uploaded", 0) == 0 and states["processed"] == 300
+    assert estimated, "the processed count is past the cap: an estimate"
+
+
+def test_failures_past_the_cap_without_a_code_stay_unknown() -> None:
+    """Past the cap the codes come from ANALYZE's sample, whose common values leave NULL
+    out: the failures it does not name show as `unknown`, as under the cap."""
+    estimates = [("rows", None, 400.0), ("error_code", "timeout", 100.0)]
+    _, failures = views.fold_estimates({"processing_failed": 400}, {"timeout": 101}, estimates, 100)
+    assert failures == {"unknown": 300, "timeout": 100}
+
+
+def test_the_kept_hours_follow_the_minutes_as_they_are_reread_and_leave_the_day() -> None:
+    """The hour sums are kept, not summed per refresh: a minute read again replaces its
+    count in its hour, and a minute past the day's window leaves its hour's sum."""
+    now = datetime(2026, 12, 6, 12, 30, tzinfo=UTC)
+    finished = Finished()
+    old = now - timedelta(hours=25)  # past the day and the hour kept beside it
+    finished.merge(now, [(old.replace(minute=0), 4, 0), (now.replace(minute=10), 2, 1),
+                         (now.replace(minute=29), 5, 0)])  # fmt: skip
+    assert finished.hours() == [(now.replace(minute=0), 7, 1)], "the old minute left"
+    finished.merge(now + timedelta(seconds=40), [(now.replace(minute=29), 6, 0)])
+    assert finished.hours() == [(now.replace(minute=0), 8, 1)], "5 replaced by 6, not added"
+    assert sum(p for _, p, _ in finished.series(now)) == 8
 
 
 async def test_the_throughput_charts_read_only_the_minutes_not_yet_settled(pool: db.Pool) -> None:

@@ -30,6 +30,7 @@ class Reserve:
     _taken: int = 0
     _fed: int = 0  # fed since the last look
     _undelivered: int | None = None  # at the last look
+    _size: int = 0  # the last size given
 
     def fed(self, entries: int) -> None:
         self._fed += entries
@@ -45,11 +46,18 @@ class Reserve:
             self._looks.popleft()
 
     def rate(self) -> float:
-        """Entries taken per second over the window (0 until two looks span some time)."""
-        (first_at, first), (last_at, last) = self._looks[0], self._looks[-1]
-        return (last - first) / (last_at - first_at) if last_at > first_at else 0.0
+        """Entries taken per second, over the whole window even when the looks span less:
+        two looks milliseconds apart at the start of a busy spell (a resume, a takeover, a
+        backlog after idle) would otherwise read a few takes as hundreds a second."""
+        (_, first), (_, last) = self._looks[0], self._looks[-1]
+        return (last - first) / WINDOW_S
 
     def size(self, places: int) -> int:
+        """At least `places`, and at most twice the last size: entries that vanished
+        undelivered (a Redis wipe) read as taken, and a reserve that followed them at once
+        would feed seconds of work ahead of the fair order."""
         if not self._looks:
             return places
-        return max(places, min(self.most, math.ceil(self.rate() * self.ahead_s)))
+        wanted = max(places, min(self.most, math.ceil(self.rate() * self.ahead_s)))
+        self._size = min(wanted, max(places, 2 * self._size))
+        return self._size

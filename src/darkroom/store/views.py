@@ -12,40 +12,54 @@ from typing import Any, Literal
 from darkroom.store.db import Cursor, Pool, translated
 
 # The status's counts (`darkroom status`, the page's overview and its /metrics, every few
-# seconds) cost the same whatever photos holds. A state that ANALYZE's sample puts past
-# SKIP_AT (typically the processed photos) is not counted at all: its figure is the
-# planner's estimate. Every other state, and the failures by code, are counted on their own
-# index (photos_state_updated_idx, photos_code_idx) up to COUNTS_CAP rows. So what an
-# operator acts on (queued, in progress, failed, by code) stays exact while it is under the
-# cap, which is nearly always, and no count reads the big state's index entries.
+# seconds) cost the same whatever photos holds. A finished state (processed, erased: the
+# states that grow for good) that ANALYZE's sample puts past SKIP_AT is not counted at all:
+# its figure is the planner's estimate. Every other state, and the failures by code, are
+# counted on their own index (photos_state_updated_idx, photos_code_idx) up to COUNTS_CAP
+# rows. So what an operator acts on (queued, in progress, failed, by code) stays exact while
+# it is under the cap, however stale the statistics (autovacuum re-analyzes only after a
+# tenth of the table changed: a drained backlog's estimate would stand for hours), and no
+# count reads the processed photos' index entries.
 COUNTS_CAP = 10_000
 STATES = ("uploaded", "processing", "processed", "processing_failed", "erased")
-# Each state's share of the last ANALYZE's sample times the table's row estimate (no row
-# before the first ANALYZE: every state is counted then). Looked up by the view's own
-# columns, so the catalog is read through its indexes, not scanned.
+SKIPPABLE = ("processed", "erased")
+# Each finished state's share of the last ANALYZE's sample times the table's row estimate
+# (no row before the first ANALYZE: every state is counted then). Looked up by the view's
+# own columns, so the catalog is read through its indexes, not scanned.
 SHARES_CTE = """
 WITH share AS (
     SELECT v.value AS state, v.freq * greatest(c.reltuples, 0) AS n
     FROM pg_class c
-    JOIN pg_stats s ON s.tablename = c.relname AND s.attname = 'processing_state'
-        AND s.schemaname = (SELECT relnamespace::regnamespace::text FROM pg_class
-                            WHERE oid = 'photos'::regclass)
+    JOIN pg_namespace ns ON ns.oid = c.relnamespace
+    JOIN pg_stats s ON s.schemaname = ns.nspname AND s.tablename = c.relname
+        AND s.attname = 'processing_state' AND NOT s.inherited
     CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs)
         AS v(value, freq)
     WHERE c.oid = 'photos'::regclass
 )
 """
+
+
+def _count(state: str) -> str:
+    capped = (f"(SELECT count(*) FROM (SELECT 1 FROM photos WHERE processing_state = '{state}'"
+              " LIMIT {limit}) capped)")  # fmt: skip
+    if state not in SKIPPABLE:
+        return capped
+    return (
+        f"CASE WHEN coalesce((SELECT n FROM share WHERE state = '{state}'), 0) < {{skip_at}}"
+        f" THEN {capped} END"
+    )
+
+
 # Each state a literal of its own, so each is planned with its own statistics: a rare
 # state reads its index, not the whole table (one correlated subquery over the states
 # array was planned once for all of them: a sequential scan of 1,000,000 rows to find 0).
-# The CASE runs a state's count only when its estimate is under {skip_at}. The bounds are
-# literals, not parameters: with a parameter in LIMIT the plan cache kept planning it anew
-# (2 ms a call, most of its cost), while a statement without one is planned once.
+# A finished state's CASE counts it only when its estimate is under {skip_at}. The bounds
+# are literals, not parameters: with a parameter in LIMIT the plan cache kept planning it
+# anew (2 ms a call, most of its cost), while a statement without one is planned once.
 COUNTS_SQL = SHARES_CTE + "\nUNION ALL\n".join(
     [
-        f"SELECT '{state}' AS state, NULL::text AS code, CASE WHEN coalesce((SELECT n FROM"
-        f" share WHERE state = '{state}'), 0) < {{skip_at}} THEN (SELECT count(*) FROM (SELECT 1"
-        f" FROM photos WHERE processing_state = '{state}' LIMIT {{limit}}) capped) END::int AS n,"
+        f"SELECT '{state}' AS state, NULL::text AS code, {_count(state)}::int AS n,"
         f" (SELECT n FROM share WHERE state = '{state}') AS estimate"
         for state in STATES
     ]
@@ -53,8 +67,7 @@ COUNTS_SQL = SHARES_CTE + "\nUNION ALL\n".join(
         "SELECT 'rows', NULL, NULL, greatest(reltuples, 0)::float8 FROM pg_class"
         " WHERE oid = 'photos'::regclass",
         "(SELECT 'processing_failed', error_code, count(*)::int, NULL FROM (SELECT error_code"
-        " FROM photos WHERE error_code IS NOT NULL AND coalesce((SELECT n FROM share"
-        " WHERE state = 'processing_failed'), 0) < {skip_at} LIMIT {limit}) coded GROUP BY 2)",
+        " FROM photos WHERE error_code IS NOT NULL LIMIT {limit}) coded GROUP BY 2)",
     ]
 )
 # Past the cap for the failures too: each code's share of ANALYZE's sample (a code too
@@ -65,7 +78,8 @@ FROM pg_class c WHERE c.oid = 'photos'::regclass
 UNION ALL
 SELECT s.attname::text, v.value, v.freq * greatest(c.reltuples, 0)
 FROM pg_class c
-JOIN pg_stats s ON s.schemaname = c.relnamespace::regnamespace::text AND s.tablename = c.relname
+JOIN pg_namespace ns ON ns.oid = c.relnamespace
+JOIN pg_stats s ON s.schemaname = ns.nspname AND s.tablename = c.relname AND NOT s.inherited
 CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs)
     AS v(value, freq)
 WHERE c.oid = 'photos'::regclass AND s.attname IN ('processing_state', 'error_code')
@@ -84,12 +98,13 @@ async def photo_counts(pool: Pool) -> Counts:
 @translated
 async def counts(pool: Pool) -> tuple[dict[str, int], dict[str, int], bool]:
     """(photos by state, failed photos by error code, estimated): True when a count past
-    COUNTS_CAP, or a state the statistics put past twice it, is the planner's estimate."""
+    COUNTS_CAP, or a finished state the statistics put past twice it, is the planner's
+    estimate."""
     rows = await pool.fetch(COUNTS_SQL.format(limit=COUNTS_CAP + 1, skip_at=2 * COUNTS_CAP))
     states, codes, estimates = read_counts([tuple(r) for r in rows], COUNTS_CAP)
     if max(states.values(), default=0) <= COUNTS_CAP and sum(codes.values()) <= COUNTS_CAP:
         return (*fold_exact(states, codes), False)
-    if codes_past(states, codes, COUNTS_CAP):
+    if sum(codes.values()) > COUNTS_CAP:  # the codes' shares of ANALYZE's sample too
         estimates = [tuple(r) for r in await pool.fetch(ESTIMATED_COUNTS_SQL)]
     if not any(name == "rows" and n > 0 for name, _, n in estimates):
         # Never analyzed yet (autovacuum's first ANALYZE comes soon): a full count, once.
@@ -114,12 +129,6 @@ def read_counts(
         for state, code, _, estimate in rows if code is None
     ]  # fmt: skip
     return {state: n for state, n in states.items() if n}, codes, estimates
-
-
-def codes_past(states: dict[str, int], codes: dict[str, int], cap: int) -> bool:
-    """Pure: the failures by code must come from the statistics (counted past the cap, or
-    not counted at all because the failed photos' estimate was past it)."""
-    return sum(codes.values()) > cap or (states.get("processing_failed", 0) > cap and not codes)
 
 
 ALL_COUNTS_SQL = "SELECT processing_state, error_code, count(*)::int AS n FROM photos GROUP BY 1, 2"
@@ -147,9 +156,12 @@ def fold_estimates(
     for state in over:
         guess = rows - exact if len(over) == 1 else share.get(state, 0.0)
         states[state] = max(cap + 1, round(guess))
-    if codes_past(states, codes, cap):
+    if sum(codes.values()) > cap:
         by_state, _ = fold_exact(states, {})
         coded = {v: round(n) for name, v, n in estimates if name == "error_code" and v}
+        # the sample's NULL codes are not among its common values: the rest is `unknown`
+        unknown = by_state.get("processing_failed", 0) - sum(coded.values())
+        coded |= {"unknown": unknown} if unknown > 0 else {}
         return by_state, dict(sorted(coded.items(), key=lambda item: (-item[1], item[0])))
     return fold_exact(states, codes)
 
