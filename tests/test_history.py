@@ -14,7 +14,7 @@ import pytest
 
 from darkroom import recorder
 from darkroom.queue.messages import Entry
-from darkroom.store import db, history, leases, publishing
+from darkroom.store import db, failures, history, leases, publishing
 from tests.conftest import PHOTOS, Env
 
 IPHONE = PHOTOS / "iphone_hdr_NO.jpg"
@@ -268,3 +268,24 @@ async def test_a_traced_claim_keeps_its_span_id_and_answers_the_dead_delivery_it
     await db.record_requeued(pool, photo_id, "2-0")  # the sweep: the job pending, a new entry
     sixth = await claim("w6", "f" * 16, "2-0")
     assert sixth.died is not None and (sixth.died.span_id, sixth.died.entry_id) == ("e" * 16, "1-0")
+
+
+async def test_a_delivery_that_scheduled_its_retry_is_not_taken_for_dead(pool: db.Pool) -> None:
+    """A retry leaves the job pending with its lease still running, and its row is ended
+    just after: a claim of another entry for the photo in between (a duplicate delivered
+    meanwhile) finds no dead delivery to write a span for, nor does a release's."""
+    photo_id = uuid.uuid4()
+    await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
+
+    async def claim(consumer: str, span_id: str, entry: str) -> leases.Claim:
+        lease = leases.Lease(consumer.upper(), 60_000, 9)
+        return await leases.claim(pool, photo_id, entry, consumer, lease, "bulk", None,
+                                  TRACEPARENT, span_id)  # fmt: skip
+
+    first = await claim("w1", "a" * 16, "1-0")
+    assert await failures.record_retry(pool, photo_id, first.token, "timeout", "slow", 0)
+    second = await claim("w2", "b" * 16, "2-0")
+    assert second.outcome == "claimed" and second.died is None
+    assert await leases.release(pool, photo_id, second.token)
+    third = await claim("w3", "c" * 16, "3-0")
+    assert third.outcome == "claimed" and third.died is None

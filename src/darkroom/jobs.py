@@ -177,11 +177,11 @@ class Jobs(WaitsInPlace):
                 tracing.delivery_span_id(),
             )  # fmt: skip
         tracing.note(attempt=claim.attempt, claim=claim.outcome)
+        self.in_flight.claimed(entry.id, claim)
+        self.recorder.begun(entry, claim.history_row)
         if claim.died is not None:  # its worker never ended its span: written here
             stream = self.streams.lane_streams.get(claim.died.lane, "")
             tracing.worker_died(claim.died, stream, self.streams.group, str(task.photo_id))
-        self.in_flight.claimed(entry.id, claim)
-        self.recorder.begun(entry, claim.history_row)
         return claim
 
     async def _unclaimed(self, entry: Entry, deliveries: int, claim: leases.Claim) -> str:

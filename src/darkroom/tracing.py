@@ -13,6 +13,8 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from darkroom import metrics
 from darkroom.errors import WorkerDiedError
 from darkroom.queue.messages import TRACE_FIELDS, Entry, enqueued_ms, trace_fields
@@ -176,9 +178,20 @@ def worker_died(died: Died, stream: str, group: str, photo_id: str) -> None:
     """The `darkroom.process` span of a delivery whose worker died, written by the delivery
     that took its job: its own span id (the stages it exported name it as their parent), in
     the photo's trace, from the claim that started it to now, `worker_died`. A photo without a
-    trace context left no trace to join (that delivery's span was a trace of its own)."""
+    trace context left no trace to join (that delivery's span was a trace of its own).
+    Never raises: the claim it follows is committed, and a span is not worth the photo."""
     if _tracer is None:
         return
+    try:
+        _write_died(died, stream, group, photo_id)
+    except Exception as exc:  # the SDK's failures are many and not ours
+        structlog.get_logger("darkroom.tracing").warning(
+            "dead delivery's span not written", photo_id=photo_id, error=repr(exc)
+        )
+
+
+def _write_died(died: Died, stream: str, group: str, photo_id: str) -> None:
+    assert _tracer is not None  # worker_died looked
     from opentelemetry import trace
     from opentelemetry.trace import SpanKind
 

@@ -106,7 +106,7 @@ WITH p AS (
     FROM photos WHERE id = $1 AND processing_state <> 'erased' FOR UPDATE
 ), prior AS (
     SELECT j.id, j.state, j.attempt, j.run_offset, j.stream_entry, j.consumer, j.error_code,
-           j.last_error, j.lease_token, j.started_at,
+           j.last_error, j.lease_token, j.started_at, j.lease_until,
            j.state = 'active' AND j.holder = $4 AND j.stream_entry = $2 AS own,
            j.state = 'active' AND j.lease_until > now()
            AND ((j.holder IS DISTINCT FROM $4 AND j.consumer IS DISTINCT FROM $3)
@@ -171,16 +171,20 @@ WITH p AS (
     -- traced ($10, this delivery's span id): the row of the claim this one takes the job
     -- from (the photo's latest from the job's start back, its consumer's: that claim wrote
     -- both with one now(); one entry of photo_attempts_photo_idx, read backwards) if still
-    -- `running`: that delivery never ended (its lease ran out, or a sweep re-enqueued the
-    -- job: its worker died), and its span is written now
+    -- `running` under a lease that ran out: that delivery never ended (its worker died, or
+    -- a sweep re-enqueued the job from its expired lease), and its span is written now.
+    -- A retry or a release ends its row just after its own statement, with its lease still
+    -- running (a retry) or cleared (a release): neither is taken for dead. The photo's own
+    -- context only: a delivery of a photo without one was a trace of its own.
     SELECT last.span_id, last.started_at, last.entry_id, last.lane,
            prior.attempt - prior.run_offset AS attempt, p.tenant,
-           coalesce(p.traceparent, $9::text) AS traceparent
+           p.traceparent
     FROM prior JOIN p ON true CROSS JOIN LATERAL (
         SELECT a.span_id, a.started_at, a.entry_id, a.lane, a.outcome, a.consumer
         FROM photo_attempts a WHERE a.photo_id = $1 AND a.started_at <= prior.started_at
         ORDER BY a.started_at DESC, a.id DESC LIMIT 1) last
     WHERE $10::text IS NOT NULL AND prior.state IN ('active', 'pending') AND NOT prior.own
+      AND prior.consumer IS NOT NULL AND prior.lease_until <= now()
       AND last.consumer = prior.consumer AND last.outcome = 'running'
       AND last.span_id IS NOT NULL AND EXISTS (SELECT 1 FROM job)
 ), own_row AS (
