@@ -348,3 +348,24 @@ async def test_a_stale_rerender_failure_leaves_an_entry_its_successor_set_back(
     await a.jobs._fail(rerender, 1, CorruptImageError("late"), structlog.get_logger())
     assert await pending_to(a, rerender.id) == ["w2"]
     assert await a.pool.fetchval("SELECT rerender_requested_at IS NOT NULL FROM photos")
+
+
+async def test_an_entry_whose_run_is_done_starts_no_new_work(database_url: str) -> None:
+    """A worker reclaims an entry whose holder then publishes and acks it (the entry is gone
+    from the stream); a re-render is requested meanwhile. The reclaimer's claim of that
+    entry answers `already`: the re-render has an entry of its own, and a lease taken under
+    a deleted entry would be found by no reclaim were its worker to die."""
+    pool = await db.connect(database_url, 2)
+    try:
+        photo_id = await processed(pool, "bulk", "t")
+        await pool.execute(
+            "UPDATE photos SET rerender_requested_at = now(),"
+            " rerender_generation = rerender_generation + 1 WHERE id = $1",
+            photo_id,
+        )
+        stale = await leases.claim(pool, photo_id, "1-0", "w2", leases.Lease("B", 60_000, 5))
+        assert stale.outcome == "already"
+        fresh = await leases.claim(pool, photo_id, "2-0", "w3", leases.Lease("C", 60_000, 5))
+        assert fresh.outcome == "claimed"
+    finally:
+        await pool.close()

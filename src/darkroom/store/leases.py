@@ -87,6 +87,12 @@ class Claim:
 # counted, nothing written; but a claim by the job's own holder (work in progress, its
 # first reply lost) goes on. Read by this statement, a pause committed before it started
 # holds whatever any worker has heard of it.
+# An entry whose job run is done (`spent`: the job finished through this very entry) starts
+# nothing, whatever was requested since: a request has an entry of its own (the feeder's,
+# the intake's, `again`'s). A reclaim of an entry its old holder then finished and acked
+# would otherwise take the job for a re-render under an entry already deleted from the
+# stream: were its worker to die, no reclaim could find the job, and duplicates of the
+# photo, answered `busy` by that lease, are acked meanwhile.
 # A traced claim ($10: its delivery's span id, else NULL) writes the span id on the attempt
 # row it inserts; and when it takes the job from another delivery whose row is still
 # `running` (its lease ran out, or the sweep re-enqueued the job meanwhile: its worker
@@ -108,6 +114,7 @@ WITH p AS (
     SELECT j.id, j.state, j.attempt, j.run_offset, j.stream_entry, j.consumer, j.error_code,
            j.last_error, j.lease_token, j.started_at, j.lease_until,
            j.state = 'active' AND j.holder = $4 AND j.stream_entry = $2 AS own,
+           j.state = 'done' AND j.stream_entry = $2 AS spent,
            j.state = 'active' AND j.lease_until > now()
            AND ((j.holder IS DISTINCT FROM $4 AND j.consumer IS DISTINCT FROM $3)
                 OR (j.holder = $4 AND j.stream_entry IS DISTINCT FROM $2)) AS held
@@ -128,7 +135,7 @@ WITH p AS (
            coalesce(prior.lease_token, 0) + 1 AS lease_token,
            p.rerender_generation AS generation
     FROM p LEFT JOIN prior ON true
-    WHERE NOT p.finished AND NOT coalesce(prior.held, false)
+    WHERE NOT p.finished AND NOT coalesce(prior.held, false) AND NOT coalesce(prior.spent, false)
       AND (NOT (SELECT held FROM paused) OR coalesce(prior.own, false))
 ), job AS (
     INSERT INTO photo_jobs AS j (id, photo_id, type, state, attempt, run_offset, stream_entry,
@@ -193,7 +200,8 @@ WITH p AS (
       AND $7::text IS NOT NULL AND (SELECT own FROM next) AND EXISTS (SELECT 1 FROM job)
     ORDER BY a.id DESC LIMIT 1
 )
-SELECT p.original_key, p.finished, p.processing_state, p.upgrade, job.run_attempt, job.lease_token,
+SELECT p.original_key, p.finished OR coalesce(prior.spent, false) AS finished,
+       p.processing_state, p.upgrade, job.run_attempt, job.lease_token,
        next.attempt - next.run_offset AS next_attempt, next.own,
        NOT next.own AND next.attempt - next.run_offset > $6 AS over_cap, prior.held,
        prior.stream_entry, prior.consumer, prior.error_code, prior.last_error,
