@@ -95,12 +95,15 @@ async def published(pool: db.Pool) -> uuid.UUID:
     return photo_id
 
 
-async def rerender_claimed(pool: db.Pool, photo_id: uuid.UUID) -> tuple[int, str]:
-    """A re-render requested and claimed through entry 2-0: its lease (token, entry)."""
+async def rerender_claimed(
+    pool: db.Pool, photo_id: uuid.UUID, entry: str = "2-0"
+) -> tuple[int, str]:
+    """A re-render requested and claimed through `entry` (each request has an entry of its
+    own: a claim through an entry whose run is done starts nothing): its lease."""
     assert await publishing.request_rerender(pool, [photo_id], None) == [photo_id]
-    claim = await leases.claim(pool, photo_id, "2-0", "w1")
+    claim = await leases.claim(pool, photo_id, entry, "w1")
     assert claim.outcome == "claimed"
-    return claim.token, "2-0"
+    return claim.token, entry
 
 
 async def until(check: Callable[[], bool], timeout_s: float = 5) -> None:
@@ -130,7 +133,7 @@ async def test_every_terminal_outcome_is_one_cloudevent_with_the_photo_row(box: 
     failed, token = await claimed(box.pool)
     recorded = await failures.record_failure(box.pool, failed, token, "1-0", "corrupt_image", "bad")
     assert recorded == "failed"
-    token, _ = await rerender_claimed(box.pool, first)
+    token, _ = await rerender_claimed(box.pool, first, "3-0")
     rerender = await failures.record_rerender_failure(box.pool, first, token, "timeout", "slow")
     assert rerender == "answered"
     await box.batch(box.relay())
