@@ -23,21 +23,25 @@ from darkroom.store.db import Cursor, Pool, translated
 COUNTS_CAP = 10_000
 STATES = ("uploaded", "processing", "processed", "processing_failed", "erased")
 SKIPPABLE = ("processed", "erased")
-# Each finished state's share of the last ANALYZE's sample times the table's row estimate
-# (no row before the first ANALYZE: every state is counted then). Looked up by the view's
-# own columns, so the catalog is read through its indexes, not scanned.
-SHARES_CTE = """
-WITH share AS (
-    SELECT v.value AS state, v.freq * greatest(c.reltuples, 0) AS n
-    FROM pg_class c
-    JOIN pg_namespace ns ON ns.oid = c.relnamespace
-    JOIN pg_stats s ON s.schemaname = ns.nspname AND s.tablename = c.relname
-        AND s.attname = 'processing_state' AND NOT s.inherited
-    CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs)
-        AS v(value, freq)
-    WHERE c.oid = 'photos'::regclass
-)
+# Each common value's share of the last ANALYZE's sample times the table's row estimate,
+# for the columns named (no row before the first ANALYZE). Looked up by the view's own
+# columns, so the catalog is read through its indexes, not scanned.
+SHARES_SQL = """
+SELECT s.attname::text AS attname, v.value, v.freq * greatest(c.reltuples, 0) AS n
+FROM pg_class c
+JOIN pg_namespace ns ON ns.oid = c.relnamespace
+JOIN pg_stats s ON s.schemaname = ns.nspname AND s.tablename = c.relname AND NOT s.inherited
+CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs)
+    AS v(value, freq)
+WHERE c.oid = 'photos'::regclass AND s.attname IN ({columns})
 """
+# The finished states' shares, which decide whether to count them (every state is counted
+# before the first ANALYZE).
+SHARES_CTE = (
+    "WITH share AS (SELECT value AS state, n FROM ("
+    + SHARES_SQL.format(columns="'processing_state'")
+    + ") shares)\n"
+)
 
 
 def _count(state: str) -> str:
@@ -75,15 +79,7 @@ COUNTS_SQL = SHARES_CTE + "\nUNION ALL\n".join(
 ESTIMATED_COUNTS_SQL = """
 SELECT 'rows' AS attname, NULL AS value, greatest(c.reltuples, 0)::float8 AS n
 FROM pg_class c WHERE c.oid = 'photos'::regclass
-UNION ALL
-SELECT s.attname::text, v.value, v.freq * greatest(c.reltuples, 0)
-FROM pg_class c
-JOIN pg_namespace ns ON ns.oid = c.relnamespace
-JOIN pg_stats s ON s.schemaname = ns.nspname AND s.tablename = c.relname AND NOT s.inherited
-CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs)
-    AS v(value, freq)
-WHERE c.oid = 'photos'::regclass AND s.attname IN ('processing_state', 'error_code')
-"""
+UNION ALL""" + SHARES_SQL.format(columns="'processing_state', 'error_code'")
 
 Counts = tuple[dict[str, int], dict[str, int]]
 
