@@ -468,6 +468,15 @@ ALTER TABLE photos ADD COLUMN IF NOT EXISTS traceparent text;
 -- its span ended never exports it; the delivery that reclaims the job writes a span of this id
 -- for it, ended `worker_died`, so the stages the dead one had exported find their parent.
 ALTER TABLE photo_attempts ADD COLUMN IF NOT EXISTS span_id text;
+-- Whether that span is known to have left (store/spans.py): set from the exporter's report
+-- of the batch that held it, or by a late writer that wrote it from this row (or found
+-- nothing to write). Rows that held a span before this column existed count as sent (the
+-- first ADD's default), every row inserted since starts unsent. Only traced rows that are
+-- not sent are in the partial index: tracing off, it stays empty.
+ALTER TABLE photo_attempts ADD COLUMN IF NOT EXISTS span_sent boolean NOT NULL DEFAULT true;
+ALTER TABLE photo_attempts ALTER COLUMN span_sent SET DEFAULT false;
+CREATE INDEX IF NOT EXISTS photo_attempts_unsent_idx ON photo_attempts (started_at)
+    WHERE span_id IS NOT NULL AND NOT span_sent;
 
 -- ---- per-tenant rate limits ------------------------------------------------------------------
 -- The truth of each tenant's bulk rate (store/limits.py): the feeder reloads it every few

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from darkroom import tracing
+from darkroom import spanwriter, tracing
 from darkroom.errors import BadMessageError
 from darkroom.queue.messages import parse_task, received, task_fields, trace_fields
 from darkroom.store import leases
@@ -235,9 +235,9 @@ def test_a_dead_deliverys_span_keeps_its_id_and_joins_only_the_photos_trace() ->
                        carrier["traceparent"])  # fmt: skip
     tracing._tracer = provider.get_tracer("darkroom")
     try:
-        tracing.worker_died(died, "s:bulk", "g", "p")
-        tracing.worker_died(replace(died, traceparent=None), "s:bulk", "g", "p")
-        tracing.worker_died(replace(died, span_id="not a span id!!"), "s:bulk", "g", "p")
+        spanwriter.worker_died(died, "s:bulk", "g", "p")
+        spanwriter.worker_died(replace(died, traceparent=None), "s:bulk", "g", "p")
+        spanwriter.worker_died(replace(died, span_id="not a span id!!"), "s:bulk", "g", "p")
         tracing._tracer.start_span("after").end()
     finally:
         tracing._tracer = None

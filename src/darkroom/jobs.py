@@ -21,7 +21,7 @@ import anyio
 import msgspec
 import structlog
 
-from darkroom import metrics, tracing, upgrades
+from darkroom import metrics, spanwriter, tracing, upgrades
 from darkroom.errors import (
     ERROR_CODES,
     AttemptsExhaustedError,
@@ -181,7 +181,7 @@ class Jobs(WaitsInPlace):
         self.recorder.begun(entry, claim.history_row)
         if claim.died is not None:  # its worker never ended its span: written here
             stream = self.streams.lane_streams.get(claim.died.lane, "")
-            tracing.worker_died(claim.died, stream, self.streams.group, str(task.photo_id))
+            spanwriter.worker_died(claim.died, stream, self.streams.group, str(task.photo_id))
         return claim
 
     async def _unclaimed(self, entry: Entry, deliveries: int, claim: leases.Claim) -> str:

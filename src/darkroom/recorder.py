@@ -105,7 +105,7 @@ class Recorder:
             else:
                 photo_id = _photo_id(entry)
                 await history.record(self.pool, photo_id, entry.id, self.consumer, entry.lane,
-                                     attempt, ending)  # fmt: skip
+                                     attempt, ending, tracing.delivery_span_id())  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -6,21 +6,16 @@ module is imported. Nothing below the orchestration imports this module (the lay
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any
-
-import structlog
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from typing import Any
 
 from darkroom import metrics
-from darkroom.errors import WorkerDiedError
 from darkroom.queue.messages import TRACE_FIELDS, Entry, enqueued_ms, trace_fields
-
-if TYPE_CHECKING:
-    from darkroom.store.leases import Died
 
 # The SDK's tracer once `start` installed it; None: tracing is off.
 _tracer: Any = None
@@ -36,6 +31,17 @@ _delivery: contextvars.ContextVar[Any] = contextvars.ContextVar("darkroom_delive
 _preset_span_id: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "darkroom_preset_span_id", default=None
 )
+# The delivery's span joined a trace the photo carries (its entry had a context, and the
+# sampler kept it): only then is its id kept on the attempt row, for a span written for it
+# later to have a trace to join.
+_joined: contextvars.ContextVar[bool] = contextvars.ContextVar("darkroom_joined", default=False)
+# (photo id, span id) of each `darkroom.process` span an export delivered: appended by the
+# batch processor's thread, drained by the event loop (latespans.py) into the attempt rows.
+# A deque's append and popleft are atomic; bounded, should the database be away for long.
+_confirmed: collections.deque[tuple[str, str]] = collections.deque(maxlen=100_000)
+# Called by the export thread after each confirmed batch (latespans.py wakes its loop with
+# it): the sooner the rows learn it, the narrower a kill's window to make a late copy.
+_on_confirmed: list[Callable[[], object]] = []
 
 
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:
@@ -48,6 +54,21 @@ def wanted(environ: Mapping[str, str] = os.environ) -> bool:
 
 def on() -> bool:
     return _tracer is not None
+
+
+def tracer() -> Any:
+    """The SDK's tracer; None when off."""
+    return _tracer
+
+
+@contextlib.contextmanager
+def preset(span_id: int) -> Iterator[None]:
+    """The next span made in this context gets `span_id` (the IdGenerator `start` installs)."""
+    token = _preset_span_id.set(span_id)
+    try:
+        yield
+    finally:
+        _preset_span_id.reset(token)
 
 
 def start() -> bool:
@@ -69,7 +90,7 @@ def start() -> bool:
     resource = Resource.create({} if named else {"service.name": "darkroom"})
     provider = TracerProvider(resource=resource, id_generator=_preset_ids())
     exporter = OTLPSpanExporter(timeout=None if _timeout_set() else EXPORT_TIMEOUT_S)
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    provider.add_span_processor(BatchSpanProcessor(_confirming(exporter)))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("darkroom")
     metrics.exemplars_from(exemplar)
@@ -77,7 +98,7 @@ def start() -> bool:
 
 
 def _preset_ids() -> Any:
-    """The SDK's random ids, but a span id preset by `worker_died` for the one span it makes:
+    """The SDK's random ids, but the span id `preset` gives the one span spanwriter.py makes:
     an IdGenerator is the SDK's own extension point for choosing ids (docs/tracing.md)."""
     from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
@@ -89,6 +110,63 @@ def _preset_ids() -> Any:
     return PresetIds()
 
 
+def _confirming(exporter: Any) -> Any:
+    """The exporter, reporting each `darkroom.process` span of a batch it delivered."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class Confirming(SpanExporter):
+        def export(self, spans: Any) -> Any:
+            result = exporter.export(spans)
+            if result is SpanExportResult.SUCCESS:
+                _confirmed.extend(_process_ids(spans))
+                for wake in _on_confirmed:
+                    wake()
+            return result
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30_000) -> bool:
+            return bool(exporter.force_flush(timeout_millis))
+
+    return Confirming()
+
+
+def _process_ids(spans: Iterable[Any]) -> Iterator[tuple[str, str]]:
+    for done in spans:
+        photo = (done.attributes or {}).get("darkroom.photo_id")
+        if done.name == "darkroom.process" and photo:
+            yield str(photo), format(done.context.span_id, "016x")
+
+
+def confirmed() -> list[tuple[str, str]]:
+    """The (photo id, span id) of the delivery spans exported since the last call."""
+    out = []
+    with contextlib.suppress(IndexError):  # emptied meanwhile
+        while _confirmed:
+            out.append(_confirmed.popleft())
+    return out
+
+
+def when_confirmed(wake: Callable[[], object]) -> None:
+    """Have `wake` called (from the export thread) after each export that confirmed spans."""
+    _on_confirmed[:] = [wake]
+
+
+def unconfirmed(pairs: Iterable[tuple[str, str]]) -> None:
+    """Give back what `confirmed` returned and could not be recorded (the database was away)."""
+    _confirmed.extendleft(pairs)
+
+
+def flush(timeout_s: float = EXPORT_TIMEOUT_S) -> bool:
+    """Export every ended span now (blocking: call it from a thread); False: not within time."""
+    if _tracer is None:
+        return True
+    from opentelemetry import trace
+
+    return bool(trace.get_tracer_provider().force_flush(int(timeout_s * 1000)))  # type: ignore[attr-defined]
+
+
 def _timeout_set() -> bool:
     return any(
         name in os.environ
@@ -96,7 +174,7 @@ def _timeout_set() -> bool:
     )
 
 
-def _propagator() -> Any:
+def propagator() -> Any:
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     return TraceContextTextMapPropagator()
@@ -108,7 +186,7 @@ def injected() -> dict[str, str]:
     if _tracer is None:
         return {}
     carrier: dict[str, str] = {}
-    _propagator().inject(carrier)
+    propagator().inject(carrier)
     return {k: v for k, v in carrier.items() if k in TRACE_FIELDS}
 
 
@@ -136,7 +214,7 @@ def delivery(entry: Entry, deliveries: int, stream: str, group: str) -> Iterator
         return
     from opentelemetry.trace import SpanKind
 
-    parent = _propagator().extract(trace_fields(entry.fields))
+    parent = propagator().extract(trace_fields(entry.fields))
     attributes = _delivery_attributes(entry, deliveries, stream, group)
     now_ns = time.time_ns()
     with _tracer.start_as_current_span(
@@ -144,18 +222,26 @@ def delivery(entry: Entry, deliveries: int, stream: str, group: str) -> Iterator
         record_exception=False, set_status_on_exception=False,
     ) as current:  # fmt: skip
         token = _delivery.set(current)
+        joined = _joined.set(current.is_recording() and _has_context(parent))
         try:
             if deliveries == 1:  # a later one's wait would count the earlier attempts
                 waited = _tracer.start_span("darkroom.queue_wait", start_time=_id_ns(entry))
                 waited.end(end_time=max(now_ns, _id_ns(entry)))
             yield
         finally:
+            _joined.reset(joined)
             _delivery.reset(token)
+
+
+def _has_context(parent: Any) -> bool:
+    from opentelemetry import trace
+
+    return bool(trace.get_current_span(parent).get_span_context().is_valid)
 
 
 def _delivery_attributes(entry: Entry, deliveries: int, stream: str, group: str) -> dict[str, Any]:
     """OpenTelemetry's messaging conventions where they fit, darkroom's own otherwise."""
-    attributes = _messaging(stream, group, entry.id) | {
+    attributes = messaging(stream, group, entry.id) | {
         "darkroom.lane": entry.lane,
         "darkroom.delivery_count": deliveries,
         "darkroom.photo_id": entry.fields.get("photo_id", "")[:80],
@@ -167,76 +253,15 @@ def _delivery_attributes(entry: Entry, deliveries: int, stream: str, group: str)
 
 def delivery_span_id() -> str | None:
     """The current delivery's span id (16 hex digits), which its claim keeps on the attempt
-    row; None when off or outside a delivery."""
+    row; None when off, outside a delivery, or for a span in no trace of the photo's (its
+    entry carried no context) or not sampled: no span could be written for it later."""
     current = _delivery.get()
-    if current is None:
+    if current is None or not _joined.get():
         return None
     return format(current.get_span_context().span_id, "016x")
 
 
-def worker_died(died: Died, stream: str, group: str, photo_id: str) -> None:
-    """The `darkroom.process` span of a delivery whose worker died, written by the delivery
-    that took its job: its own span id (the stages it exported name it as their parent), in
-    the photo's trace, from the claim that started it to now, `worker_died`. A photo without a
-    trace context left no trace to join (that delivery's span was a trace of its own).
-    Never raises: the claim it follows is committed, and a span is not worth the photo."""
-    if _tracer is None:
-        return
-    try:
-        _write_died(died, stream, group, photo_id)
-    except Exception as exc:  # the SDK's failures are many and not ours
-        structlog.get_logger("darkroom.tracing").warning(
-            "dead delivery's span not written", photo_id=photo_id, error=repr(exc)
-        )
-
-
-def _write_died(died: Died, stream: str, group: str, photo_id: str) -> None:
-    assert _tracer is not None  # worker_died looked
-    from opentelemetry import trace
-    from opentelemetry.trace import SpanKind
-
-    parent = _propagator().extract({"traceparent": died.traceparent or ""})
-    span_id = _span_id(died.span_id)
-    if span_id is None or not trace.get_current_span(parent).get_span_context().is_valid:
-        return
-    start_ns = int(died.started_at.timestamp() * 1e9)
-    token = _preset_span_id.set(span_id)
-    try:
-        dead = _tracer.start_span("darkroom.process", context=parent, kind=SpanKind.CONSUMER,
-                                  attributes=_died_attributes(died, stream, group, photo_id),
-                                  start_time=start_ns)  # fmt: skip
-    finally:
-        _preset_span_id.reset(token)
-    code = WorkerDiedError.code
-    _record(dead, code, "the worker died before this delivery ended; written at its reclaim")
-    dead.set_attribute("darkroom.error_code", code)
-    dead.end(end_time=max(start_ns, time.time_ns()))
-
-
-def _span_id(stored: str) -> int | None:
-    """The column's span id, None when it is not one (16 hex digits, not all zero)."""
-    try:
-        span_id = int(stored, 16) if len(stored) == 16 else 0
-    except ValueError:
-        return None
-    return span_id or None
-
-
-def _died_attributes(died: Died, stream: str, group: str, photo_id: str) -> dict[str, Any]:
-    """The live span's, but what died with the worker (its delivery count, its outcome)."""
-    attributes = _messaging(stream, group, died.entry_id) | {
-        "darkroom.lane": died.lane,
-        "darkroom.photo_id": photo_id,
-        "darkroom.attempt": died.attempt,
-        "darkroom.claim": "claimed",
-        "darkroom.outcome": WorkerDiedError.code,
-    }
-    if died.lane == "bulk" and died.tenant:
-        attributes["darkroom.tenant"] = died.tenant
-    return attributes
-
-
-def _messaging(stream: str, group: str, entry_id: str) -> dict[str, Any]:
+def messaging(stream: str, group: str, entry_id: str) -> dict[str, Any]:
     return {
         "messaging.system": "redis",
         "messaging.operation.type": "process",
@@ -264,7 +289,7 @@ def span(name: str) -> Iterator[None]:
         try:
             yield
         except Exception as exc:
-            _record(current, getattr(exc, "code", type(exc).__name__), str(exc))
+            record_error(current, getattr(exc, "code", type(exc).__name__), str(exc))
             raise
 
 
@@ -291,11 +316,11 @@ def failed(code: str, message: str) -> None:
     """The delivery ended in an error: its span's status, `error.type` the stable code."""
     current = _delivery.get()
     if current is not None:
-        _record(current, code, message)
+        record_error(current, code, message)
         current.set_attribute("darkroom.error_code", code)
 
 
-def _record(current: Any, code: str, message: str) -> None:
+def record_error(current: Any, code: str, message: str) -> None:
     from opentelemetry.trace import Status, StatusCode
 
     current.set_attribute("error.type", code)

@@ -20,7 +20,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
-from darkroom import metrics, recorder, sweeper
+from darkroom import latespans, metrics, recorder, sweeper, tracing
 from darkroom.duty import Duty, process_holder
 from darkroom.errors import DarkroomError
 from darkroom.feeder import Feeder
@@ -99,6 +99,11 @@ class Worker(LaneReads):
         # the intake's backoff).
         self.feeder = Feeder(self.settings, self.pool, self.streams, self.stopping, holder)
         self.pause_watch = PauseWatch(self.pool, self._heed)
+        self.late_spans = latespans.LateSpans(self.pool, self._lane_stream, self.streams.group,
+                                              latespans.grace_s())  # fmt: skip
+
+    def _lane_stream(self, lane: str) -> str:
+        return self.streams.lane_streams.get(lane, "")
 
     def _heed(self, paused: Paused) -> None:
         """The pauses changed: the intake and the feeder act on them from their next turn."""
@@ -126,6 +131,8 @@ class Worker(LaneReads):
             services.start_soon(self.relay.run)
             services.start_soon(self.feeder.run)
             services.start_soon(self.pause_watch.run)
+            if tracing.on():  # spans nobody confirmed, written from the history
+                services.start_soon(self.late_spans.run)
             if drain:
                 services.start_soon(self._end_drain_in_outage)
             async with anyio.create_task_group() as jobs:

@@ -20,7 +20,7 @@ import pytest
 
 from tests.chaos.rig import Rig
 from tests.chaos.test_chaos import VALID, settle
-from tests.chaos.traces import Verdict, judge
+from tests.chaos.traces import judge
 from tests.conftest import PHOTOS
 from tests.otlp import Receiver, serving
 
@@ -35,16 +35,6 @@ SETTINGS = {"DARKROOM_CONCURRENCY": "2", "DARKROOM_CLAIM_IDLE_MS": "3000",
             "OTEL_SERVICE_NAME": "darkroom-chaos"}  # fmt: skip
 N_PHOTOS, CHUNK, UPFRONT = 210, 30, 60
 WINDOW_S = 45.0
-# A delivery's spans leave with the next batch (OTEL_BSP_SCHEDULE_DELAY) and its export: a
-# worker SIGKILLed within this of a delivery's end may have taken that delivery's spans along.
-# The batch waits 0.1 s, but its export shares the GIL with the worker's loop: on a machine
-# at load average 10, spans of deliveries that ended 1.3 to 2.8 s before their worker's kill
-# had not left yet (and one gap past 2 s failed a run).
-UNEXPORTED_S = 5.0
-# And its end may follow the kill's recorded time a little: the time is taken before the
-# signal, and the statement that ended the delivery, sent before the worker died, commits
-# with its transaction's now() once PostgreSQL reads it (2 ms after, in one run).
-KILL_SLACK_S = 1.0
 # (seconds after the workers start, event); kills run every 1–3 s throughout the window
 SCHEDULE = [(4, "ingest"), (10, "ingest"), (16, "ingest"), (20, "redis_restart"),
             (26, "ingest"), (32, "ingest")]  # fmt: skip
@@ -52,6 +42,7 @@ ATTEMPTS_SQL = (
     "SELECT photo_id::text, entry_id, consumer, outcome, ended_at, span_id FROM photo_attempts"
 )
 TARGET_PCT = 99.9
+UNSENT_SQL = "SELECT count(*) AS n FROM photo_attempts WHERE span_id IS NOT NULL AND NOT span_sent"
 
 
 @pytest.fixture
@@ -137,6 +128,7 @@ def test_every_photo_is_one_connected_trace_under_kills_and_a_redis_restart(
         rig.start_worker(slot)
     run.run()
     settled = settle(rig)
+    unsent = late_spans_written(rig)
     stop_codes = rig.stop_workers(grace_s=20)
     time.sleep(0.5)  # the last exports of the workers' flush at exit are in
     attempts = rig.query(ATTEMPTS_SQL)
@@ -149,7 +141,10 @@ def test_every_photo_is_one_connected_trace_under_kills_and_a_redis_restart(
         "sigkills": len(run.kills), "kills_spared": run.spared, "redis_restarts": 1,
         "attempts": len(attempts), "spans": len(receiver.spans), "exports": receiver.exports,
         "exports_cut_by_a_kill": receiver.broken,
-        "settle": settled, "stop_codes": stop_codes,
+        # a span exported twice: a late copy of one whose export's report a kill cut off
+        "spans_twice": sum(n > 1 for n in Counter(s.span_id for s in receiver.spans).values()),
+        "late_spans": sum(bool(s.attributes.get("darkroom.late")) for s in receiver.spans),
+        "settle": settled, "stop_codes": stop_codes, "unsent_spans_left": unsent,
         "wall_s": round(time.monotonic() - started, 1),
     }  # fmt: skip
     saved = figures | {
@@ -166,21 +161,17 @@ def test_every_photo_is_one_connected_trace_under_kills_and_a_redis_restart(
     assert judged.share("one_trace") == 1.0, figures
     # a delivery a kill cut short has its span written by the delivery that reclaimed its job
     assert figures["killed_attempts_written"] > 0, figures
-    # and every other gap is a SIGKILL's doing: a killed delivery whose reclaimer was killed
-    # in turn before its export (its finished stages then hang from a missing parent), and a
-    # delivery that ended just before a kill, not exported yet
-    broken = {p: v for p, v in judged.verdicts.items()
-              if not v.whole_but_kills and not explained(v, run.kills)}  # fmt: skip
-    assert not broken, (figures, broken)
+    # and every photo's trace is whole, the producer's span to the final publish with every
+    # attempt in it: a killed delivery's span written by its reclaim, or late from the history
+    # like an ended one whose batch a kill took (so 99.9 % is every photo of a run this size)
+    assert figures["whole_traces_pct"] >= TARGET_PCT, (figures, saved["not_whole"])
 
 
-def explained(verdict: Verdict, kills: list[dict[str, Any]]) -> bool:
-    """Whether the verdict's only faults are ended attempts whose worker was SIGKILLed
-    within UNEXPORTED_S of their end (the rest of the trace whole)."""
-    # a delivery lost that way leaves its exported stages hanging too
-    lost = verdict.killed_attempts - verdict.killed_written + verdict.lost_ended
-    if not (verdict.one_trace and verdict.lost and verdict.missing_parents <= lost):
-        return False
-    return any(kill["consumer"] == consumer
-               and -KILL_SLACK_S <= kill["at"] - ended.timestamp() <= UNEXPORTED_S
-               for consumer, ended in verdict.lost for kill in kills)  # fmt: skip
+def late_spans_written(rig: Rig, timeout_s: float = 90.0) -> int:
+    """Wait for the surviving workers' late writers to settle every attempt row whose span no
+    export confirmed (a delivery cut off from its batch by a kill); how many are left."""
+    deadline = time.monotonic() + timeout_s
+    while (left := rig.query(UNSENT_SQL)[0]["n"]) and time.monotonic() < deadline:
+        rig.tend()
+        time.sleep(0.5)
+    return int(left)

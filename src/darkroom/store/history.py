@@ -77,10 +77,11 @@ async def finish(pool: Pool, attempt: Attempt, ending: Ending) -> None:
     await pool.execute(FINISH_SQL, attempt.row_id, *_ending_args(attempt, ending))
 
 
+# `span_id` ($13): the delivery's span (tracing on), for a late writer (store/spans.py).
 RECORD_SQL = f"""{QUICK}
 INSERT INTO photo_attempts (photo_id, entry_id, consumer, lane, ended_at, outcome,
-    error_code, error, download_ms, render_ms, upload_ms, publish_ms, peak_rss_mb)
-SELECT $1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11, $12
+    error_code, error, download_ms, render_ms, upload_ms, publish_ms, peak_rss_mb, span_id)
+SELECT $1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11, $12, $13
 FROM quick
 """
 
@@ -94,10 +95,11 @@ async def record(
     lane: str,
     attempt: Attempt,
     ending: Ending,
+    span_id: str | None = None,
 ) -> None:
     """A delivery that ended without a `running` row (it claimed nothing, or the insert
     failed): one finished row."""
-    args = (photo_id, entry_id, consumer, lane, *_ending_args(attempt, ending))
+    args = (photo_id, entry_id, consumer, lane, *_ending_args(attempt, ending), span_id)
     await pool.execute(RECORD_SQL, *args)
 
 
