@@ -61,12 +61,19 @@ def traced(endpoint: str) -> dict[str, str]:
     return {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_TRACES_SAMPLER": "always_on"}
 
 
-def off_on(rig: Rig, paths: list[Path], rounds: int, got: Receiver) -> dict[str, list[Run]]:
-    """ABBA order: each mode goes first in half the pairs, so a drift in load favours neither."""
-    runs: dict[str, list[Run]] = {"off": [], "on": []}
+def off_on(
+    rig: Rig, paths: list[Path], rounds: int, got: Receiver, short: int = 0
+) -> dict[str, list[Run]]:
+    """ABBA order: each mode goes first in half the pairs, so a drift in load favours neither.
+    With `short`, each drain is followed by one of the first `short` photos alone (its runs
+    under "off short", "on short"), for the steady state: what the rest of the photos cost
+    beyond it has no start-up and no exit in it."""
+    runs: dict[str, list[Run]] = {"off": [], "on": [], "off short": [], "on short": []}
     settings = {"off": {}, "on": traced(got.endpoint)}
     for i in range(rounds):
         for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
+            if short:
+                runs[f"{mode} short"].append(rig.drain(paths[:short], **settings[mode]))
             before = got.exports, got.export_bytes
             run = rig.drain(paths, **settings[mode])
             runs[mode].append(run)
@@ -83,6 +90,25 @@ def cpu_per_photo(runs: list[Run]) -> float:
 
 def percent(a: float, b: float) -> str:
     return f"{b - a:+.1f} ({100 * (b - a) / a:+.1f} %)"
+
+
+def steady_ms(full: list[Run], short: list[Run]) -> float:
+    """The median over rounds of the CPU per photo beyond the short drain of the same round."""
+    return statistics.median((f.cpu_ms - s.cpu_ms) / (f.photos - s.photos)
+                             for f, s in zip(full, short, strict=True))  # fmt: skip
+
+
+def steady_row(name: str, runs: dict[str, list[Run]]) -> str:
+    """Steady state: per round, (CPU of the full drain − CPU of the short one) ÷ the photos
+    between them; the noise floor from the off rounds' odd against even halves."""
+    off = steady_ms(runs["off"], runs["off short"])
+    on = steady_ms(runs["on"], runs["on short"])
+    floor = percent(steady_ms(runs["off"][0::2], runs["off short"][0::2]),
+                    steady_ms(runs["off"][1::2], runs["off short"][1::2]))  # fmt: skip
+    between = runs["off"][0].photos - runs["off short"][0].photos
+    return (f"| {name}, steady state (photos {runs['off short'][0].photos + 1}–"
+            f"{runs['off'][0].photos}) | {between} | {off:.1f} | {on:.1f} | {percent(off, on)} "
+            f"| {floor} | | | |")  # fmt: skip
 
 
 def row(name: str, runs: dict[str, list[Run]]) -> str:
@@ -187,7 +213,9 @@ def report(results: dict[str, dict[str, list[Run]]], rounds: int, extra: list[st
         f"drains each; medians. CPU is the worker's, its forkserver's and its render "
         f"processes' (a traced worker's start-up imports included, spread over the drain's "
         f"photos; the receiver's decoding, a collector's work, is not). Noise floor: the off "
-        f"drains' odd against even ones",
+        f"drains' odd against even ones. Steady state: each tiny drain is paired with a short "
+        f"one of its first photos in the same mode; the CPU of the photos beyond it, with no "
+        f"start-up or exit in it, per photo",
         *[f"- {line}" for line in extra],
         "",
         "| photos | count | CPU ms/photo off | on | on − off | noise floor (off − off) "
@@ -195,6 +223,7 @@ def report(results: dict[str, dict[str, list[Run]]], rounds: int, extra: list[st
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [row(name, runs) for name, runs in results.items()]
+    lines += [steady_row(name, runs) for name, runs in results.items() if runs["off short"]]
     return "\n".join([*lines, ""])
 
 
@@ -205,6 +234,12 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=24, help="large JPEGs per drain")
     parser.add_argument("--rounds", type=int, default=4, help="drains per mode and workload")
     parser.add_argument("--note", default="", help="a line for the report (e.g. a smoke run)")
+    parser.add_argument(
+        "--short",
+        type=int,
+        default=50,
+        help="tiny PNGs of each short drain, for the steady state (0: none)",
+    )
     args = parser.parse_args()
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1)  # count the render processes' CPU
     with (
@@ -218,7 +253,8 @@ def main() -> None:
         results = {}
         for label, paths in inputs.items():
             print(label, file=sys.stderr)
-            results[label] = off_on(rig, paths, args.rounds, got)
+            short = args.short if label.startswith("tiny") else 0
+            results[label] = off_on(rig, paths, args.rounds, got, short)
         imported = sdk_imported_off(rig, inputs["tiny 64×48 PNG"][:5])
     if got.exports == 0:
         raise SystemExit("the traced workers exported nothing: tracing did not start")

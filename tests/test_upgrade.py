@@ -134,6 +134,21 @@ async def test_an_upgrade_adds_the_avif_beside_its_fallback_with_an_event(pool: 
     assert (await leases.claim(pool, photo_id, "3-0", "w2", lane="bulk")).outcome == "already"
 
 
+async def test_an_upgrade_with_nothing_left_to_add_answers_the_request_without_an_event(
+    pool: db.Pool,
+) -> None:
+    """The deferred list was emptied after the request (AVIF taken out of the settings): the
+    upgrade's publish adds nothing, answers the request and writes no `upgraded` event."""
+    photo_id = await published(pool)
+    token = await upgrade_claimed(pool, photo_id)
+    done = await upgrading.publish_upgrade(pool, photo_id, "[]", (token, "2-0"))
+    assert done.status == "upgraded"
+    after = await row(pool, photo_id)
+    assert formats(after["renditions"]) == [("medium", "jpeg")]
+    assert after["upgrade_requested_at"] is None
+    assert await events(pool, photo_id) == ["published"]
+
+
 async def test_an_upgrade_of_an_older_render_is_refused_after_a_rerender(pool: db.Pool) -> None:
     """A re-render claimed and published while the upgrade rendered wins: the stale upgrade
     (its token superseded, the newer render's upgrade active) adds nothing to the newer

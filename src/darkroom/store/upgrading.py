@@ -61,8 +61,11 @@ WITH old AS (
     WHERE photo_id = $1 AND type = 'process' AND lease_token = $3
       AND EXISTS (SELECT 1 FROM photo)
 ), event AS (
+    -- none when nothing was added (the deferred list was emptied since the request): the
+    -- request is answered, but a gallery has nothing new to fetch
     INSERT INTO photo_events (photo_id, type, data)
     SELECT id, 'darkroom.photo.upgraded', darkroom_event_data(changed, NULL, NULL) FROM photo
+    WHERE jsonb_array_length($2::jsonb) > 0
     RETURNING pg_notify('darkroom_events', darkroom_event_notice(id, photo_id, type))
 ), attempt AS (
 """ + publishing.published_and_answered("upgraded", attempt=5, entry=4)
