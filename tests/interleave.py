@@ -29,7 +29,7 @@ from darkroom.errors import (
 )
 from darkroom.health import Gate
 from darkroom.image.budget import MemoryBudget
-from darkroom.image.pipeline import Facts, Rendered, RenderResult
+from darkroom.image.results import Facts, Rendered, RenderResult
 from darkroom.jobs import Jobs
 from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import Entry

@@ -1,14 +1,16 @@
 """Hand-made camera RAW containers for tests: TIFF-based ones (DNG, CR2, NEF, ARW, RW2)
 laid out the way each maker lays its IFDs and previews, a RAF with its fixed header, and a
-CR3's `ftyp`. The raw data itself is filler: darkroom reads only the embedded previews."""
+CR3's `ftyp`. Their raw data is filler, read by nothing. `bayer_dng` is a DNG whose raw data
+is real: a picture mosaicked through an RGGB filter, which LibRaw demosaics back."""
 
 from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pyvips
 
-ASCII, SHORT, LONG, UNDEFINED = 2, 3, 4, 7
+BYTE, ASCII, SHORT, LONG, RATIONAL, UNDEFINED, SRATIONAL = 1, 2, 3, 4, 5, 7, 10
 Value = str | bytes | tuple[int, list[int]]
 MAKE, MODEL, ORIENTATION, EXIF_IFD, SUB_IFDS = 0x010F, 0x0110, 0x0112, 0x8769, 0x014A
 WIDTH, HEIGHT, COMPRESSION, SUBFILE = 0x0100, 0x0101, 0x0103, 0x00FE
@@ -45,8 +47,9 @@ class Tiff:
             kind, count, data = UNDEFINED, len(value), value
         else:
             kind, numbers = value
-            code = "H" if kind == SHORT else "I"
-            count, data = len(numbers), struct.pack(self.order + code * len(numbers), *numbers)
+            code = {BYTE: "B", SHORT: "H", RATIONAL: "I", SRATIONAL: "i"}.get(kind, "I")
+            data = struct.pack(self.order + code * len(numbers), *numbers)
+            count = len(numbers) // 2 if kind in (RATIONAL, SRATIONAL) else len(numbers)
         field = (
             data.ljust(4, b"\0")
             if len(data) <= 4
@@ -152,3 +155,55 @@ def cr3() -> bytes:
     """A CR3's opening: ISO-BMFF with the `crx ` brand."""
     ftyp = b"crx \0\0\0\x01crx isom"
     return struct.pack(">I", 8 + len(ftyp)) + b"ftyp" + ftyp + b"\0\0\0\x08free"
+
+
+# XYZ (D65) to linear sRGB: a camera whose raw channels are linear sRGB's, for ColorMatrix1
+_XYZ_TO_SRGB = (3.2406, -1.5372, -0.4986, -0.9689, 1.8758, 0.0415, 0.0557, -0.2040, 1.0570)
+WHITE = 4095  # a 12-bit sensor's white level
+
+
+def _rationals(values: tuple[float, ...], denominator: int = 10_000) -> list[int]:
+    return [n for v in values for n in (round(v * denominator), denominator)]
+
+
+def mosaic(image: pyvips.Image) -> np.ndarray:
+    """The picture as a sensor behind an RGGB Bayer filter records it: linear light, 12 bits,
+    one colour per photosite (even width and height)."""
+    rgb = np.ndarray(buffer=image.write_to_memory(), dtype=np.uint8,
+                     shape=(image.height, image.width, image.bands))[..., :3]  # fmt: skip
+    linear = (rgb / 255.0) ** 2.2 * WHITE
+    height, width = image.height // 2 * 2, image.width // 2 * 2
+    sensor = np.empty((height, width), dtype="<u2")
+    for dy, dx, channel in ((0, 0, 0), (0, 1, 1), (1, 0, 1), (1, 1, 2)):
+        sensor[dy::2, dx::2] = linear[dy:height:2, dx:width:2, channel]
+    return sensor
+
+
+def bayer_dng(
+    image: pyvips.Image, orientation: int = 1, jpeg: bytes | None = None, make: str = "Leica"
+) -> bytes:
+    """A DNG of `image` as stored by the sensor (orientation applies on display), its raw
+    data uncompressed 16-bit CFA in IFD0 and, given `jpeg`, that preview in a SubIFD."""
+    sensor = mosaic(image)
+    height, width = sensor.shape
+    tiff = Tiff("<")
+    exif = tiff.ifd({DATETIME_ORIGINAL: "2025:09:10 11:12:13"})
+    data = tiff.blob(sensor.tobytes())
+    entries: dict[int, Value] = {
+        SUBFILE: (LONG, [0]), WIDTH: (LONG, [width]), HEIGHT: (LONG, [height]),
+        0x0102: (SHORT, [16]), COMPRESSION: (SHORT, [1]), 0x0106: (SHORT, [32803]),
+        MAKE: make, MODEL: f"{make} Bayer Test", ORIENTATION: (SHORT, [orientation]),
+        0x0115: (SHORT, [1]), 0x0116: (LONG, [height]), STRIP_OFFSETS: (LONG, [data]),
+        STRIP_BYTES: (LONG, [sensor.nbytes]), 0x011C: (SHORT, [1]), EXIF_IFD: (LONG, [exif]),
+        0x828D: (SHORT, [2, 2]), 0x828E: (BYTE, [0, 1, 1, 2]),  # CFA: R G / G B
+        DNG_VERSION: (BYTE, [1, 4, 0, 0]), 0xC614: f"{make} Bayer Test",
+        0xC621: (SRATIONAL, _rationals(_XYZ_TO_SRGB)), 0xC65A: (SHORT, [21]),  # D65
+        0xC628: (RATIONAL, _rationals((1.0, 1.0, 1.0))),  # as shot neutral
+        0xC61A: (LONG, [0]), 0xC61D: (LONG, [WHITE]),  # black and white levels
+    }  # fmt: skip
+    if jpeg is not None:
+        at = tiff.blob(jpeg)
+        sub = tiff.ifd({SUBFILE: (LONG, [1]), COMPRESSION: (SHORT, [7]),
+                        STRIP_OFFSETS: (LONG, [at]), STRIP_BYTES: (LONG, [len(jpeg)])})  # fmt: skip
+        entries[SUB_IFDS] = (LONG, [sub])
+    return tiff.finish(tiff.ifd(entries))

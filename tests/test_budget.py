@@ -83,6 +83,24 @@ def test_the_header_read_gives_the_size_the_decoder_sees(path: Any) -> None:
     assert sorted((width, height)) == sorted((header.width, header.height))
 
 
+def test_a_raw_is_estimated_by_what_will_decode_it() -> None:
+    """A RAW whose preview covers the default list renders that JPEG: a JPEG's estimate of
+    the preview's size. One that LibRaw decodes is estimated by its sensor: a 24 MP sensor
+    at half size (it covers 2,048 px) below a 6 MP one decoded whole, per megapixel."""
+    from tests import rawcraft
+
+    covered = rawcraft.tiff_raw("Canon", layout="dng", sensor=(6000, 4000),
+                                jpeg=rawcraft.preview(3000, 2000))  # fmt: skip
+    assert footprint.estimate_mb(covered) == footprint._mb(6.0, "jpeg")
+    half = rawcraft.tiff_raw("Canon", layout="dng", sensor=(6000, 4000),
+                             jpeg=rawcraft.preview(160, 120))  # fmt: skip
+    whole = rawcraft.tiff_raw("Canon", layout="dng", sensor=(3000, 2000),
+                              jpeg=rawcraft.preview(160, 120))  # fmt: skip
+    assert footprint.estimate_mb(half) == footprint._mb(24.0, "raw_half")
+    assert footprint.estimate_mb(whole) == footprint._mb(6.0, "raw_full")
+    assert footprint.estimate_mb(rawcraft.cr3()) == footprint.FLOOR_MB  # no size it reads
+
+
 def test_a_header_that_does_not_read_is_estimated_at_the_floor() -> None:
     assert footprint.estimate_mb(b"not an image") == footprint.FLOOR_MB
     assert footprint.estimate_mb(BIG[:200]) == footprint.FLOOR_MB  # cut before its frame

@@ -14,7 +14,8 @@ import pyvips
 
 from darkroom.errors import ImageTooLargeError
 from darkroom.image import applehdr, gainmap, isobmff
-from darkroom.image.pipeline import RenderResult, render
+from darkroom.image.pipeline import render
+from darkroom.image.results import RenderResult
 from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 from tests import hdrcraft
 from tests.conftest import PHOTOS, Env

@@ -13,7 +13,8 @@ from darkroom.errors import (
     ImageTooLargeError,
     UnsupportedFormatError,
 )
-from darkroom.image.pipeline import Rendered, RenderResult, render
+from darkroom.image.pipeline import render
+from darkroom.image.results import Rendered, RenderResult
 from darkroom.settings import DEFAULT_RENDITIONS, Settings, parse_renditions
 from tests.conftest import PHOTOS
 from tests.imagecheck import jpeg_markers, metadata_leaks, webp_chunks

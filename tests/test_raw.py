@@ -79,7 +79,8 @@ def test_raw_files_through_the_worker(file_env: Env, tmp_path: Path) -> None:
 
 
 def test_refusals_through_the_worker(file_env: Env, tmp_path: Path) -> None:
-    """No usable preview, a CR3, a huge header and a damaged preview fail with their codes."""
+    """No usable preview and raw data LibRaw does not take, a huge header, a damaged preview
+    and a CR3 cut after its `ftyp` fail with their codes."""
     cases = {
         "unsupported_format": rawcraft.tiff_raw(
             "Canon", layout="dng", sensor=(6000, 4000), jpeg=rawcraft.preview(160, 120)
@@ -90,7 +91,7 @@ def test_refusals_through_the_worker(file_env: Env, tmp_path: Path) -> None:
         "corrupt_image": rawcraft.tiff_raw("SONY", layout="ifd0-jpeg", jpeg=_damaged_jpeg()),
     }
     paths = []
-    for code, data in [*cases.items(), ("unsupported_format", rawcraft.cr3())]:
+    for code, data in [*cases.items(), ("corrupt_image", rawcraft.cr3())]:
         paths.append(tmp_path / f"{code}-{len(paths)}.dng")
         paths[-1].write_bytes(data)
     ids = file_env.ingest(paths)
@@ -102,6 +103,74 @@ def test_refusals_through_the_worker(file_env: Env, tmp_path: Path) -> None:
         expected = path.name.split("-")[0]
         assert (rows[photo_id]["processing_state"], rows[photo_id]["error_code"]) == (
             "processing_failed", expected), path.name  # fmt: skip
+
+
+def _stored(upright: pyvips.Image, orientation: int) -> pyvips.Image:
+    """The picture as a sensor stores it for `orientation` 1 or 6 (shown a quarter turn
+    clockwise)."""
+    return upright.rot("d270") if orientation == 6 else upright
+
+
+def test_a_dng_whose_previews_are_too_small_is_decoded_from_its_sensor_data(
+    file_env: Env, tmp_path: Path
+) -> None:
+    """A DNG with a 160×120 preview and real Bayer data: LibRaw demosaics the sensor's data
+    (a 600×400 RGGB mosaic stored on its side), so the renditions are its full size,
+    upright, in sRGB, with the DNG's own make and capture time; one with only a preview that
+    small and no raw data LibRaw takes is refused (above)."""
+    upright = rawcraft.quadrants(400, 600)
+    data = rawcraft.bayer_dng(_stored(upright, 6), 6, jpeg=rawcraft.preview(160, 120))
+    path = tmp_path / "sensor-original.bin"
+    path.write_bytes(data)
+    [photo_id] = file_env.ingest([path])
+    file_env.cli("run", "--drain", DARKROOM_RENDITIONS=RENDITIONS)
+    [row] = file_env.query("SELECT * FROM photos WHERE id = $1", photo_id)
+    assert row["processing_state"] == "processed", row["error_code"]
+    assert (row["format"], row["width"], row["height"]) == ("dng", 400, 600)
+    assert (row["camera_make"], row["taken_at_local"].year) == ("Leica", 2025)
+    large = next(r for r in json.loads(row["renditions"]) if r["name"] == "large")
+    assert (large["width"], large["height"]) == (400, 600)  # the sensor's, not the preview's
+    _upright_quadrants((file_env.tmp / "var" / "storage" / large["key"]).read_bytes())
+
+
+def test_a_sensor_twice_the_largest_rendition_is_decoded_at_half_size() -> None:
+    """Half the sensor still covers the rendition: LibRaw's half-size decode (a pixel per
+    Bayer cell) renders it, upright and in colour; the facts keep the sensor's full size."""
+    assert raw.half_size(2400, 1600, 600) and not raw.half_size(1000, 800, 600)
+    data = rawcraft.bayer_dng(_stored(rawcraft.quadrants(1600, 2400), 6), 6)
+    result = pipeline.render(data, [RenditionSpec("large", 600, "png", 100)], 50_000_000)
+    assert (result.facts.format, result.facts.width, result.facts.height) == ("dng", 1600, 2400)
+    [large] = result.renditions
+    assert (large.width, large.height) == (400, 600)
+    _upright_quadrants(large.data)
+
+
+def test_without_libraw_a_smaller_preview_serves_and_none_is_unsupported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker where LibRaw cannot load: a 1,200 px preview renders (the renditions stop at
+    its size), and the Bayer DNG LibRaw would have decoded, whose preview is 160 px, is
+    `unsupported_format` naming the size it needed (its 600 px sensor's)."""
+    from darkroom.image import rawdecode
+
+    monkeypatch.setattr(rawdecode, "available", lambda: False)
+    specs = [RenditionSpec("large", 2048, "png", 100)]
+    served = rawcraft.tiff_raw("Canon", layout="dng", sensor=(6000, 4000),
+                               jpeg=rawcraft.preview(1200, 800))  # fmt: skip
+    assert pipeline.render(served, specs, 50_000_000).renditions[0].height == 1200
+    small = rawcraft.bayer_dng(rawcraft.quadrants(600, 400), jpeg=rawcraft.preview(160, 120))
+    with pytest.raises(UnsupportedFormatError, match="160x120 is smaller than the 600 px needed"):
+        pipeline.render(small, specs, 50_000_000)
+
+
+def test_a_sensor_past_the_pixel_budget_is_refused_before_its_data_is_unpacked() -> None:
+    """LibRaw reads the sensor's size from the header; past DARKROOM_MAX_PIXELS it is
+    `image_too_large` (the DNG's declared size is under the preview path's 4× allowance)."""
+    from darkroom.errors import ImageTooLargeError
+
+    data = rawcraft.bayer_dng(rawcraft.quadrants(600, 400))
+    with pytest.raises(ImageTooLargeError, match="RAW sensor 600x400"):
+        pipeline.render(data, [RenditionSpec("large", 600, "png", 100)], 200_000)
 
 
 def _damaged_jpeg() -> bytes:
@@ -117,7 +186,7 @@ def test_huge_header_is_refused_before_any_decode() -> None:
     from darkroom.errors import ImageTooLargeError
 
     with pytest.raises(ImageTooLargeError):
-        raw.preview(data, "nef", 600, 100_000_000)
+        raw.preview(data, "nef", 600, 100_000_000, decoder=True)
 
 
 def test_damaged_structures_are_corrupt_not_crashes() -> None:
@@ -134,11 +203,14 @@ def test_damaged_structures_are_corrupt_not_crashes() -> None:
 
 
 def test_selfcheck_decodes_the_dng_sample() -> None:
-    """The start-up self-check covers RAW: its DNG sample decodes upright with colours."""
+    """The start-up self-check covers RAW: its DNG sample's preview decodes upright with
+    colours, and so does a DNG's sensor data through LibRaw."""
     from darkroom.image import selfcheck
 
-    [check] = [c for c in selfcheck.run([]) if c.name == "decode dng"]
-    assert check.ok, check.detail
+    checks = {c.name: c for c in selfcheck.run([])}
+    assert checks["decode dng"].ok, checks["decode dng"].detail
+    sensor = checks["decode RAW sensor data (LibRaw)"]  # LibRaw is installed here
+    assert sensor.ok and "demosaiced" in sensor.detail, sensor.detail
 
 
 def test_damaged_raw_files_give_codes_never_crashes() -> None:

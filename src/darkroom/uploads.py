@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 
 from darkroom.errors import DarkroomError
-from darkroom.image.pipeline import Rendered, RenderResult
+from darkroom.image.results import Rendered, RenderResult
 from darkroom.store import db, keys
 from darkroom.store.storage import CONTENT_TYPES, Storage, Upload
 

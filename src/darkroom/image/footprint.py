@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import struct
 
-from darkroom.errors import DarkroomError
-from darkroom.image import isobmff
+from darkroom.errors import DarkroomError, UnsupportedFormatError
+from darkroom.image import isobmff, raw
 from darkroom.image.pipeline import sniff
 
 # MB of peak resident memory per megapixel, above a warm render process's idle size
@@ -30,7 +30,16 @@ MB_PER_MEGAPIXEL = {
     "gif": 4.3,  # not measured apart: taken as PNG's
     "heic": 5.0,  # libheif/libde265, the RGB kept in libheif's buffer: 75–76 MB at 12 MP
     "avif": 15.5,  # libheif/dav1d, no shrink-on-load: 48–715 MB from 3 to 48 MP
+    # LibRaw (image/rawdecode.py), per megapixel of the sensor: its raw frame, its 4-channel
+    # 16-bit image and the 8-bit output; 87 MB at 6 MP and 298 MB at 24 MP decoded whole,
+    # 109 MB at 24 MP at half size
+    "raw_full": 14.5,
+    "raw_half": 4.5,
 }
+# The default list's largest rendition: whether a RAW's preview covers it, or how LibRaw
+# decodes it, is judged against this (a list with a larger one is rarer, and still bounded
+# by the render process's own address-space limit).
+RAW_EDGE = 2048
 # What a render of 1 MP or more holds whatever its size: the decode's first tiles, the
 # renditions' buffers, the encoders (a 2 MP JPEG: 21–28 MB). Smaller photos make smaller
 # renditions (never enlarged): from TINY_MB (a 64×48 PNG: 4 MB; 0.2 MP: 4–6 MB) up to it.
@@ -44,15 +53,34 @@ def estimate_mb(data: bytes) -> int:
     """Peak resident memory the render of `data` is expected to add to its process, in MB."""
     try:
         fmt = sniff(data)
+        if fmt in raw.KINDS:
+            return _raw_mb(data, fmt)
         size = _size(data, fmt)
     except (DarkroomError, struct.error, IndexError, ValueError):
         return FLOOR_MB
     if size is None:
         return FLOOR_MB
     width, height, deep = size
-    megapixels = width * height / 1e6 * (DEEP if deep else 1.0)
+    return _mb(width * height / 1e6 * (DEEP if deep else 1.0), fmt)
+
+
+def _mb(megapixels: float, kind: str) -> int:
     fixed = TINY_MB + (FLOOR_MB - TINY_MB) * min(megapixels, 1.0)
-    return round(fixed + MB_PER_MEGAPIXEL[fmt] * megapixels)
+    return round(fixed + MB_PER_MEGAPIXEL[kind] * megapixels)
+
+
+def _raw_mb(data: bytes, fmt: str) -> int:
+    """A RAW renders from its preview (a JPEG of the preview's size) when that covers
+    RAW_EDGE, else from its sensor data through LibRaw, at half size when that covers it."""
+    try:
+        found = raw.preview(data, fmt, RAW_EDGE, 2**62, decoder=True)
+        return _mb(found.width * found.height / 1e6, "jpeg")
+    except UnsupportedFormatError:
+        sensor = raw.sensor_size(data)
+    if sensor is None:
+        return FLOOR_MB
+    kind = "raw_half" if raw.half_size(*sensor, RAW_EDGE) else "raw_full"
+    return _mb(sensor[0] * sensor[1] / 1e6, kind)
 
 
 def _size(data: bytes, fmt: str) -> tuple[int, int, bool] | None:

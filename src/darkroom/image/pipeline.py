@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import Any
 
 import msgspec
 import numpy as np
@@ -34,9 +33,11 @@ from darkroom.image import (
     placeholders,
     quality,
     raw,
+    rawdecode,
     tonemap,
 )
-from darkroom.image.stagetimes import OFF, Stage, Stages
+from darkroom.image.results import Decoded, Facts, Rendered, RenderResult, Source
+from darkroom.image.stagetimes import OFF, Stages
 from darkroom.settings import RenditionSpec
 
 # libvips loader classes; unblocking a class unblocks its file/buffer/source variants
@@ -53,67 +54,6 @@ _HEIC_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b
 _AVIF_BRANDS = {b"avif", b"avis"}
 _HEIF_BRANDS = {b"mif1", b"msf1", b"miaf"}
 Specs = list[RenditionSpec]
-
-
-class Source(msgspec.Struct, frozen=True):
-    """What the header says: format, upright size, frames, embedded profile and EXIF."""
-
-    format: str
-    width: int
-    height: int
-    frames: int = 1
-    icc: bytes | None = None
-    exif: bytes | None = None
-    hdr: str | None = None
-
-
-_Decoded = tuple[pyvips.Image, Source]
-
-
-class Facts(msgspec.Struct, frozen=True):
-    """What the original is and what a gallery shows before the pixels arrive."""
-
-    format: str
-    width: int
-    height: int
-    has_alpha: bool = False  # some pixel is not fully opaque
-    frames: int = 1
-    source_profile: str | None = None
-    thumbhash: str | None = None
-    dominant_color: str | None = None
-    focal_x: float | None = None  # where crop=attention centres a box, 0..1 of the width
-    focal_y: float | None = None
-    capture: exif.Capture = msgspec.field(default_factory=exif.Capture)
-    hdr: str | None = None  # gainmap, pq, hlg: what an HDR display could show (docs/hdr.md)
-    original_sha256: str = ""  # of exactly the bytes rendered, hashed in the render process
-
-    def row(self, size: int, *, keep_location: bool) -> dict[str, Any]:
-        """The `photos` columns; location only when the operator chose to keep it."""
-        row = {**msgspec.structs.asdict(self), **msgspec.structs.asdict(self.capture)}
-        del row["capture"]
-        if not keep_location:
-            row["latitude"] = row["longitude"] = None
-        return {**row, "bytes": size}
-
-
-class Rendered(msgspec.Struct, frozen=True):
-    name: str
-    format: str
-    ext: str
-    width: int
-    height: int
-    data: bytes
-    sha256: str  # of `data`, hashed here in the render process (names its storage key)
-    crop: str | None = None  # a box's crop: attention or centre
-    quality: int = 0  # the encoder's, fixed or chosen for a target (image/quality.py)
-    score: float | None = None  # the calibrated score a target's choice reached
-
-
-class RenderResult(msgspec.Struct, frozen=True):
-    facts: Facts
-    renditions: list[Rendered]
-    peak_rss_mb: int = 0  # filled in by the render process that made it
-    stages: list[Stage] = msgspec.field(default_factory=list)  # when asked (a traced photo)
 
 
 def configure() -> None:
@@ -253,11 +193,32 @@ def _decode(data: bytes, fmt: str, specs: Specs, max_pixels: int) -> tuple[pyvip
     return _finish(image), source
 
 
-def _decode_raw(data: bytes, fmt: str, specs: Specs, max_pixels: int) -> _Decoded:
-    """A RAW's embedded JPEG preview through the JPEG path; its facts from the RAW's EXIF."""
-    found = raw.preview(data, fmt, crops.decode_edge(specs, 0, 0), max_pixels)
+def _decode_raw(data: bytes, fmt: str, specs: Specs, max_pixels: int) -> Decoded:
+    """A RAW's largest embedded JPEG preview through the JPEG path when it covers what the
+    renditions need, else its sensor data through LibRaw (rawdecode.py), else (no LibRaw, or
+    raw data LibRaw refuses) a preview at least raw.USABLE_EDGE long; facts from the RAW's own
+    EXIF either way. Past all three, the decoder's error, which says why."""
+    needed, decoder = crops.decode_edge(specs, 0, 0), rawdecode.available()
+    try:
+        found = raw.preview(data, fmt, needed, max_pixels, decoder=decoder)
+    except UnsupportedFormatError:
+        if not decoder:
+            raise
+        try:
+            return rawdecode.decoded(data, fmt, needed, max_pixels)
+        except (UnsupportedFormatError, CorruptImageError) as refused:
+            found = _smaller_preview(data, fmt, needed, max_pixels, refused)
     image, source = _decode(found.jpeg, "jpeg", specs, max_pixels)
     return image, msgspec.structs.replace(source, format=fmt, exif=found.exif or source.exif)
+
+
+def _smaller_preview(
+    data: bytes, fmt: str, needed: int, max_pixels: int, refused: DarkroomError
+) -> raw.Preview:
+    try:
+        return raw.preview(data, fmt, needed, max_pixels, decoder=False)
+    except UnsupportedFormatError:
+        raise refused from None
 
 
 def _tone_mapped(

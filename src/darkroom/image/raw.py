@@ -1,11 +1,12 @@
-"""Camera RAW originals (DNG, CR2, NEF, ARW, ORF, RW2, RAF; CR3 recognised only): which
-kind a file is from its bytes, and the largest embedded JPEG preview, handed back as a
-plain JPEG carrying the RAW's orientation so the JPEG path renders it upright.
+"""Camera RAW originals (DNG, CR2, NEF, ARW, ORF, RW2, RAF, CR3): which kind a file is
+from its bytes, and the largest embedded JPEG preview, handed back as a plain JPEG carrying
+the RAW's orientation so the JPEG path renders it upright.
 
-Pure: bytes in, bytes out. No RAW decoder runs here (none is installed): a preview that
-covers the largest rendition is used as it is; a smaller one still is when it is at least
-USABLE_EDGE long (the renditions then stop at its size, as for any small photo); a file
-with no preview that long is `unsupported_format`.
+Pure: bytes in, bytes out. A preview that covers the largest rendition (or the sensor, when
+smaller) is used as it is. Short of that, the sensor data is decoded by LibRaw
+(rawdecode.py); where LibRaw cannot be loaded, a smaller preview still serves when it is at
+least USABLE_EDGE long (the renditions then stop at its size, as for any small photo), and a
+file with no preview that long is `unsupported_format`.
 """
 
 from __future__ import annotations
@@ -82,32 +83,53 @@ def is_cr3(brands: set[bytes]) -> bool:
     return b"crx " in brands
 
 
-def preview(data: bytes, fmt: str, needed_edge: int, max_pixels: int) -> Preview:
+def preview(data: bytes, fmt: str, needed_edge: int, max_pixels: int, decoder: bool) -> Preview:
     """The largest embedded JPEG preview, after the pixel budget over every image the file
-    declares; `unsupported_format` when none is USABLE_EDGE long (or covers `needed_edge`,
-    or the sensor, when those are shorter)."""
+    declares; `unsupported_format` when none covers `needed_edge` (or the sensor, when
+    shorter) and a `decoder` can do better, or, without one, when none is USABLE_EDGE long."""
     if fmt == "cr3":
-        raise UnsupportedFormatError("CR3: embedded previews are not read and no RAW decoder")
+        raise UnsupportedFormatError("CR3: embedded previews are not read, and no RAW decoder")
+    floor = needed_edge if decoder else USABLE_EDGE
     if fmt == "raf":
-        return _raf(data, needed_edge, max_pixels)
+        return _raf(data, min(needed_edge, floor), max_pixels)
     tiff = _Tiff(data)
     images, previews, orientation = tiff.walk()
     for width, height in images:  # never decoded here: only a forged size is refused
         _check_pixels(width, height, max_pixels * DECLARED_FACTOR)
     sensor_edge = max((max(w, h) for w, h in images), default=0)
-    edge = min(needed_edge, sensor_edge or needed_edge, USABLE_EDGE)
+    edge = min(needed_edge, sensor_edge or needed_edge, floor)
     jpeg, width, height = _covering(_largest(data, previews, max_pixels), edge)
+    return Preview(_oriented(jpeg, orientation), width, height, exif_of(data))
+
+
+def sensor_size(data: bytes) -> tuple[int, int] | None:
+    """The largest image a TIFF-based RAW declares (its sensor's); None for a RAF or CR3."""
+    if data[:15] == _RAF_MAGIC or data[:4] not in (*_TIFF_MAGIC, *_VARIANT_MAGIC):
+        return None
+    images = _Tiff(data).walk()[0]
+    return max(images, key=lambda size: size[0] * size[1], default=None)
+
+
+def half_size(width: int, height: int, needed_edge: int) -> bool:
+    """Whether LibRaw's half-size decode (a pixel per 2×2 Bayer cell) still covers what the
+    renditions need from a sensor of this size."""
+    return max(width, height) // 2 >= needed_edge
+
+
+def exif_of(data: bytes) -> bytes | None:
+    """The EXIF a TIFF-based RAW carries in IFD0 and its EXIF IFD, at its start, as a TIFF
+    image/exif.py reads; None for a RAF (its EXIF is its preview's)."""
+    if data[:15] == _RAF_MAGIC:
+        return None
     magic = b"II*\0" if data[:2] == b"II" else b"MM\0*"  # ORF's and RW2's own magic to TIFF's
-    exif = magic + data[4:EXIF_PREFIX_BYTES]
-    return Preview(_oriented(jpeg, orientation), width, height, exif)
+    return magic + data[4:EXIF_PREFIX_BYTES]
 
 
-def _raf(data: bytes, needed_edge: int, max_pixels: int) -> Preview:
+def _raf(data: bytes, edge: int, max_pixels: int) -> Preview:
     """RAF: a fixed header whose offset 84 names the JPEG preview (with its own EXIF)."""
     if len(data) < 92:
         raise CorruptImageError("RAF header truncated")
     offset, length = struct.unpack(">II", data[84:92])
-    edge = min(needed_edge, USABLE_EDGE)
     jpeg, width, height = _covering(_largest(data, [(offset, length)], max_pixels), edge)
     return Preview(jpeg, width, height, None)
 
@@ -132,7 +154,7 @@ def _covering(best: tuple[bytes, int, int] | None, edge: int) -> tuple[bytes, in
         raise UnsupportedFormatError(
             f"RAW preview {best[1]}x{best[2]} is smaller than the {edge} px needed,"
             " and no RAW decoder"
-        )
+        )  # the message is for a worker without LibRaw: with it, the decoder takes over
     return best
 
 

@@ -40,7 +40,7 @@ from darkroom.errors import (
 )
 from darkroom.image import footprint, pipe, renderproc
 from darkroom.image.budget import MemoryBudget
-from darkroom.image.pipeline import RenderResult
+from darkroom.image.results import RenderResult
 from darkroom.image.slots import REGULAR_NICE, Slots
 from darkroom.settings import RenditionSpec, Settings
 

@@ -15,7 +15,9 @@ from importlib import resources
 import msgspec
 import pyvips
 
-from darkroom.image.pipeline import RenderResult, render
+from darkroom.image import rawdecode
+from darkroom.image.pipeline import render
+from darkroom.image.results import RenderResult
 from darkroom.settings import RenditionSpec
 
 # a tiny sample of each allowed input format; the upright picture is 24×32 px in quadrants:
@@ -30,6 +32,8 @@ SAMPLES = {
     "dng": "sample.dng",  # its embedded JPEG preview stored on its side, orientation 6
 }
 CMYK_SAMPLE = "cmyk.jpg"  # pure cyan, CMYK without a profile
+# a DNG with no preview: its 32×24 RGGB sensor data stored on its side, orientation 6
+SENSOR_SAMPLE = "bayer.dng"
 _SIZE = 32
 _TOLERANCE = 40
 
@@ -48,6 +52,8 @@ def run(specs: Iterable[RenditionSpec], max_pixels: int = 10_000) -> list[Check]
     """Every check, in order; none raises."""
     outputs = _output_specs(specs)
     checks = [_attempt(f"decode {fmt}", functools.partial(_decode, fmt)) for fmt in SAMPLES]
+    if rawdecode.available():
+        checks.append(_attempt("decode RAW sensor data (LibRaw)", _sensor))
     checks += [_attempt(f"encode {s.format}", functools.partial(_encode, s)) for s in outputs]
     checks.append(_attempt("orientation", _orientation))
     checks.append(_attempt("alpha", _alpha))
@@ -91,6 +97,14 @@ def _decode(fmt: str) -> str:
         raise AssertionError(f"detected as {result.facts.format}")
     _expect_quadrants(_pixels(result))
     return f"{result.facts.width}x{result.facts.height}, colours in place"
+
+
+def _sensor() -> str:
+    result = _render(SENSOR_SAMPLE)
+    if (result.facts.width, result.facts.height) != (24, 32):
+        raise AssertionError(f"upright size {result.facts.width}x{result.facts.height}, not 24x32")
+    _expect_quadrants(_pixels(result))
+    return "demosaiced, upright, colours in place"
 
 
 def _encode(spec: RenditionSpec) -> str:

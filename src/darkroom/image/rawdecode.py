@@ -1,0 +1,95 @@
+"""A camera RAW decoded by LibRaw (rawpy), for a file whose embedded previews are all too
+small for its largest rendition (image/raw.py picks those): the sensor's data demosaiced,
+white-balanced as the camera metered it, in sRGB, turned upright by the file's orientation.
+
+The pixel budget is checked on the sensor's size LibRaw reads from the header, before any
+raw data is unpacked. When half the sensor's size still covers the largest rendition, LibRaw
+decodes at half size (each 2×2 Bayer cell one pixel, no demosaic): a quarter of the memory
+and a fraction of the time, and nothing a rendition could show is lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+
+import numpy as np
+import pyvips
+
+from darkroom.errors import CorruptImageError, ImageTooLargeError, UnsupportedFormatError
+from darkroom.image import raw
+from darkroom.image.results import Decoded, Source
+
+
+def decoded(data: bytes, fmt: str, needed_edge: int, max_pixels: int) -> Decoded:
+    """The RAW's pixels shrunk to what the renditions need, and what its header says: the
+    sensor's upright size, the RAW's own EXIF (for the facts)."""
+    image, width, height = decode(data, fmt, needed_edge, max_pixels)
+    image = image.thumbnail_image(needed_edge, height=needed_edge, size="down").copy_memory()
+    return image, Source(fmt, width, height, exif=raw.exif_of(data))
+
+
+@functools.cache
+def available() -> bool:
+    """Whether LibRaw can be loaded here (rawpy installed, its library found)."""
+    try:
+        import rawpy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def decode(
+    data: bytes, fmt: str, needed_edge: int, max_pixels: int
+) -> tuple[pyvips.Image, int, int]:
+    """Upright 8-bit sRGB pixels, and the full upright size they stand for (a half-size
+    decode is half of it). Raises UnsupportedFormatError for what LibRaw does not know,
+    ImageTooLargeError past the budget, CorruptImageError for data it cannot decode."""
+    import rawpy
+
+    with rawpy.RawPy() as libraw:
+        try:
+            libraw.open_buffer(io.BytesIO(data))
+            width, height, flip = _checked_size(libraw, max_pixels)
+            half = raw.half_size(width, height, needed_edge)
+            libraw.unpack()
+            rgb = libraw.postprocess(use_camera_wb=True, half_size=half, output_bps=8,
+                                     output_color=rawpy.ColorSpace.sRGB)  # fmt: skip
+        except rawpy.LibRawFileUnsupportedError:
+            raise UnsupportedFormatError(
+                f"{fmt.upper()}: no embedded preview covers {needed_edge} px and LibRaw does"
+                " not decode this file's raw data"
+            ) from None
+        except (rawpy.LibRawError, MemoryError) as exc:
+            raise CorruptImageError(f"{fmt.upper()}: LibRaw could not decode the raw data"
+                                    f" ({_said(exc)})"[:300]) from None  # fmt: skip
+    upright = (height, width) if flip in (5, 6) else (width, height)
+    return _image(rgb), *upright
+
+
+def _said(exc: BaseException) -> str:
+    """LibRaw's message (rawpy passes it as bytes)."""
+    said = exc.args[0] if exc.args else type(exc).__name__
+    return said.decode(errors="replace") if isinstance(said, bytes) else str(said)
+
+
+def _checked_size(libraw: object, max_pixels: int) -> tuple[int, int, int]:
+    """The visible sensor area and LibRaw's flip, after the pixel budget (over the raw
+    frame, margins included: that is what unpack allocates)."""
+    sizes = libraw.sizes  # type: ignore[attr-defined]
+    frame = sizes.raw_width * sizes.raw_height
+    if not sizes.width or not sizes.height:
+        raise CorruptImageError("RAW header without an image size")
+    if max(frame, sizes.width * sizes.height) > max_pixels:
+        raise ImageTooLargeError(
+            f"RAW sensor {sizes.raw_width}x{sizes.raw_height} is {frame} pixels,"
+            f" over the budget of {max_pixels}"
+        )
+    return int(sizes.width), int(sizes.height), int(sizes.flip)
+
+
+def _image(rgb: np.ndarray) -> pyvips.Image:
+    height, width, bands = rgb.shape
+    pixels = np.ascontiguousarray(rgb, dtype=np.uint8)
+    image = pyvips.Image.new_from_memory(pixels.data, width, height, bands, "uchar")
+    return image.copy(interpretation="srgb").copy_memory()
