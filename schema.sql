@@ -470,11 +470,13 @@ ALTER TABLE photos ADD COLUMN IF NOT EXISTS traceparent text;
 ALTER TABLE photo_attempts ADD COLUMN IF NOT EXISTS span_id text;
 -- Whether that span is known to have left (store/spans.py): set from the exporter's report
 -- of the batch that held it, or by a late writer that wrote it from this row (or found
--- nothing to write). Rows that held a span before this column existed count as sent (the
--- first ADD's default), every row inserted since starts unsent. Only traced rows that are
--- not sent are in the partial index: tracing off, it stays empty.
+-- nothing to write). The statements that write a span id write it false (the claim's and
+-- the history's whole row); every other insert, a worker's of a version before this column
+-- included (a rolling upgrade), leaves it true: no late writer copies what such a worker
+-- exported. Only traced rows that are not sent are in the partial index: tracing off, it
+-- stays empty.
 ALTER TABLE photo_attempts ADD COLUMN IF NOT EXISTS span_sent boolean NOT NULL DEFAULT true;
-ALTER TABLE photo_attempts ALTER COLUMN span_sent SET DEFAULT false;
+ALTER TABLE photo_attempts ALTER COLUMN span_sent SET DEFAULT true;
 CREATE INDEX IF NOT EXISTS photo_attempts_unsent_idx ON photo_attempts (started_at)
     WHERE span_id IS NOT NULL AND NOT span_sent;
 

@@ -43,7 +43,7 @@ def test_a_delivery_whose_worker_died_before_its_export_is_written_late(
     assert receiver.of_trace(trace_id) == []  # the kill took every span of the delivery
     [row] = file_env.query("SELECT * FROM photo_attempts WHERE photo_id = $1", photo_id)
     assert row["span_id"] is not None and not row["span_sent"]
-    late = file_env.start("run", **otel(receiver, OTEL_EXPORTER_OTLP_TIMEOUT="500"))
+    late = file_env.start("run", **otel(receiver, OTEL_EXPORTER_OTLP_TIMEOUT="0.5"))
     wait_for(file_env, SENT, photo_id, proc=late)
     late.send_signal(signal.SIGTERM)
     assert late.wait(60) == 0
@@ -52,12 +52,13 @@ def test_a_delivery_whose_worker_died_before_its_export_is_written_late(
                                                          "darkroom.process")  # fmt: skip
     # the trace reaches the final publish: its span timed by the publishing statement
     assert (publish.name, publish.parent_id) == ("darkroom.publish", span.span_id)
-    assert publish.start_ns == span.end_ns
+    assert publish.start_ns == int(row["ended_at"].timestamp() * 1e9)
     assert publish.end_ns - publish.start_ns == pytest.approx(row["publish_ms"] * 1e6, abs=1e3)
+    assert publish.end_ns == span.end_ns  # the child inside its parent
     assert span.attributes["darkroom.outcome"] == "published" and span.attributes["darkroom.late"]
     assert span.attributes["messaging.message.id"] == entry_id and span.status != 2
     assert span.start_ns == int(row["started_at"].timestamp() * 1e9)
-    assert span.end_ns == int(row["ended_at"].timestamp() * 1e9)
+    assert span.end_ns >= int(row["ended_at"].timestamp() * 1e9)
 
 
 def test_an_exported_delivery_is_confirmed_and_never_written_twice(
@@ -68,7 +69,7 @@ def test_an_exported_delivery_is_confirmed_and_never_written_twice(
     trace_id, _, carrier = producer_span()
     photo_id = add_photo(file_env)
     xadd(file_env, photo_id, carrier)
-    settings = otel(receiver, OTEL_EXPORTER_OTLP_TIMEOUT="500")
+    settings = otel(receiver, OTEL_EXPORTER_OTLP_TIMEOUT="0.5")
     worker = file_env.start("run", **settings)
     wait_for(file_env, SENT, photo_id, proc=worker)
     second = file_env.start("run", **settings)  # its late writer's first pass is past the grace
@@ -81,12 +82,31 @@ def test_an_exported_delivery_is_confirmed_and_never_written_twice(
     assert len(processes) == 1 and "darkroom.late" not in processes[0].attributes
 
 
+def test_a_stopping_worker_marks_the_spans_of_its_last_batch(
+    file_env: Env, receiver: Receiver
+) -> None:
+    """A SIGTERM with a delivery's spans still in the batch (a 60 s delay): the stop exports
+    them and marks the row before it exits, so no late writer copies them later."""
+    trace_id, _, carrier = producer_span()
+    photo_id = add_photo(file_env)
+    xadd(file_env, photo_id, carrier)
+    worker = file_env.start("run", **otel(receiver, OTEL_BSP_SCHEDULE_DELAY="60000"))
+    wait_for(file_env, PROCESSED, photo_id, proc=worker)
+    assert receiver.of_trace(trace_id) == []
+    worker.send_signal(signal.SIGTERM)
+    _, stderr = worker.communicate(timeout=60)
+    assert worker.returncode == 0 and "Exception while exporting" not in stderr
+    assert file_env.query(SENT, photo_id), stderr[-3000:]
+    assert len([s for s in receiver.of_trace(trace_id) if s.name == "darkroom.process"]) == 1
+
+
 def test_the_grace_comes_from_the_standard_variables() -> None:
-    """Three times the batch delay and the export timeout (milliseconds), at least 10 s."""
+    """Three times the batch delay (milliseconds) and the export timeout (seconds, as this
+    SDK reads it), at least 10 s."""
     assert latespans.grace_s({}) == 24.0
     assert latespans.grace_s({"OTEL_BSP_SCHEDULE_DELAY": "10000"}) == 39.0
     assert latespans.grace_s({"OTEL_BSP_SCHEDULE_DELAY": "100"}) == latespans.MIN_GRACE_S
-    assert latespans.grace_s({"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "20000"}) == 75.0
+    assert latespans.grace_s({"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "20"}) == 75.0
     assert latespans.grace_s({"OTEL_BSP_SCHEDULE_DELAY": "soon"}) == 24.0
 
 
@@ -107,9 +127,9 @@ VALUES ($1, '1-0', $2, 'interactive', now() - $3 * interval '1 s',
 
 async def row(
     pool: db.Pool, photo_id: uuid.UUID, consumer: str, started_ago: float,
-    ended_ago: float | None, span_id: str | None, sent: bool = False,
+    ended_ago: float | None, span_id: str | None, sent: bool = False, outcome: str = "",
 ) -> None:  # fmt: skip
-    outcome = "running" if ended_ago is None else "published"
+    outcome = outcome or ("running" if ended_ago is None else "published")
     await pool.execute(ROW_SQL, photo_id, consumer, started_ago, ended_ago, outcome, span_id, sent)
 
 
@@ -118,24 +138,34 @@ async def taken(pool: db.Pool, grace_s: float) -> set[str]:
         return {r.span_id for r in batch.rows}
 
 
-async def test_a_late_writer_takes_only_rows_nobody_can_still_export(pool: db.Pool) -> None:
-    """Past the grace and unconfirmed: an ended delivery; a `running` one whose job another
-    claim took. Not: one within the grace, a confirmed one, one without a span id, a
-    `running` one its job still names (its worker may live), one older than the window."""
+async def photo(pool: db.Pool, holder: str) -> uuid.UUID:
+    """A photo whose job `holder` claimed through entry 1-0 (a live 60 s lease)."""
     photo_id = uuid.uuid4()
     await db.insert_photo(pool, photo_id, f"originals/{photo_id}/x.jpg")
-    await leases.claim(pool, photo_id, "1-0", "w2", leases.Lease("B", 60_000, 5))
-    await row(pool, photo_id, "w0", 100, 90, "a" * 16)  # ended long ago: taken
-    await row(pool, photo_id, "w0", 100, 1, "b" * 16)  # ended within the grace
-    await row(pool, photo_id, "w0", 100, 90, "c" * 16, sent=True)  # confirmed
-    await row(pool, photo_id, "w0", 100, 90, None)  # untraced
-    await row(pool, photo_id, "w0", 7200, 7100, "d" * 16)  # past the window
-    await row(pool, photo_id, "w1", 80, None, "e" * 16)  # killed, superseded 60 s later: taken
-    await row(pool, photo_id, "w1", 20, None, "f" * 16)  # killed, no claim after it yet
-    await pool.execute("UPDATE photo_jobs SET started_at = now() - interval '40 s'")
-    await row(pool, photo_id, "w2", 40, None, "0" * 15 + "1")  # the job's holder
-    await pool.execute("UPDATE photo_attempts SET started_at = (SELECT started_at FROM"
-                       " photo_jobs) WHERE consumer = 'w2'")  # fmt: skip
+    await leases.claim(pool, photo_id, "1-0", holder, leases.Lease("B", 60_000, 5))
+    return photo_id
+
+
+async def test_a_late_writer_takes_only_rows_nobody_can_still_export(pool: db.Pool) -> None:
+    """Past the grace and unconfirmed: an ended delivery; a `running` one whose job another
+    claim took. Not: one within the grace, a confirmed one, one without a span id, one older
+    than the window, a `running` one whose job still names it under a live lease (its
+    worker lives, whatever claims came after), nor a killed one whose only later rows are
+    deliveries that found the job busy (no reclaim has written its span yet)."""
+    first = await photo(pool, "w2")
+    await row(pool, first, "w0", 100, 90, "a" * 16)  # ended long ago: taken
+    await row(pool, first, "w0", 100, 1, "b" * 16)  # ended within the grace
+    await row(pool, first, "w0", 100, 90, "c" * 16, sent=True)  # confirmed
+    await row(pool, first, "w0", 100, 90, None)  # untraced
+    await row(pool, first, "w0", 7200, 7100, "d" * 16)  # past the window
+    await row(pool, first, "w1", 80, None, "e" * 16)  # killed, reclaimed 50 s ago: taken
+    await row(pool, first, "w2", 50, None, "f" * 16)  # the job's live holder
+    await pool.execute("UPDATE photo_jobs SET stream_entry = '1-0' WHERE photo_id = $1", first)
+    await row(pool, first, "w3", 40, 39, None, outcome="retrying")  # a claim after it
+    second = await photo(pool, "w6")
+    await row(pool, second, "w5", 100, None, "0" * 15 + "1")  # killed
+    await row(pool, second, "w7", 90, 90, None, outcome="busy")  # found the job busy
+    await row(pool, second, "w6", 1, None, "0" * 15 + "2")  # the reclaim, just now
     assert await taken(pool, 30) == {"a" * 16, "e" * 16}
 
 

@@ -11,18 +11,21 @@ photo's state reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import anyio
 import structlog
 
 from darkroom import spanwriter, tracing
 from darkroom.errors import DarkroomError
+from darkroom.queue.pacing import Backoff, Throttle
+from darkroom.queue.streams import Streams
 from darkroom.store import spans
 from darkroom.store.db import Pool
 
@@ -35,18 +38,22 @@ BATCH = 200
 # not delayed. At least MIN_GRACE_S.
 GRACE_FACTOR = 3
 MIN_GRACE_S = 10.0
+# A late pass whose export failed (the collector is away) waits longer each time, up to this:
+# its rows stay for the next pass, and the batch queue is left to the live spans.
+MAX_PASS_WAIT_S = 600.0
+# The exit's last confirmations: the flush of what ended before the stop, then their marks.
+FINAL_S = 2 * tracing.EXPORT_TIMEOUT_S
 
 
 def grace_s(environ: Mapping[str, str] = os.environ) -> float:
-    """From the standard variables (milliseconds for both): 24 s with the SDK's defaults (a
-    5 s batch delay, darkroom's 3 s export timeout)."""
-    delay_ms = _ms(environ, ("OTEL_BSP_SCHEDULE_DELAY",), 5000.0)
-    timeout_ms = _ms(environ, ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"),
-                     tracing.EXPORT_TIMEOUT_S * 1000)  # fmt: skip
-    return max(MIN_GRACE_S, GRACE_FACTOR * (delay_ms + timeout_ms) / 1000)
+    """From the standard variables, as the SDK reads them: the batch delay in milliseconds,
+    the exporter's timeout in seconds. 24 s with the SDK's defaults (5 s, and darkroom's
+    3 s export timeout)."""
+    delay_s = _number(environ, ("OTEL_BSP_SCHEDULE_DELAY",), 5000.0) / 1000
+    return max(MIN_GRACE_S, GRACE_FACTOR * (delay_s + tracing.export_timeout_s(environ)))
 
 
-def _ms(environ: Mapping[str, str], names: tuple[str, ...], default: float) -> float:
+def _number(environ: Mapping[str, str], names: tuple[str, ...], default: float) -> float:
     for name in names:
         try:
             value = float(environ.get(name, ""))
@@ -59,66 +66,105 @@ def _ms(environ: Mapping[str, str], names: tuple[str, ...], default: float) -> f
 
 @dataclass
 class LateSpans:
-    """`stream_of` names the stream of a lane (for the span's messaging attributes)."""
-
     pool: Pool
-    stream_of: Callable[[str], str]
-    group: str
-    grace_s: float
+    streams: Streams
+    grace_s: float = field(default_factory=grace_s)
+    _closing: bool = False
+    _throttle: Throttle = field(default_factory=Throttle)
+    _backoff: Backoff = field(default_factory=lambda: Backoff(10.0, MAX_PASS_WAIT_S))
+    # One `confirm` at a time: the stop's waits for the loop's, whose pairs it drained.
+    _confirming: anyio.Lock = field(default_factory=anyio.Lock)
 
     async def run(self) -> None:
-        next_late = time.monotonic() + self.grace_s
+        """Until cancelled; nothing at all when this worker does not trace."""
+        if not tracing.on():
+            return
         loop, confirmed = asyncio.get_running_loop(), asyncio.Event()
-        tracing.when_confirmed(lambda: loop.call_soon_threadsafe(confirmed.set))
+        tracing.when_confirmed(lambda: _wake(loop, confirmed))
+        try:
+            await self._loop(confirmed)
+        finally:
+            tracing.when_confirmed(None)  # the exit's flush runs after the loop closed
+
+    async def _loop(self, confirmed: asyncio.Event) -> None:
+        next_late = time.monotonic() + self.grace_s
         while True:
             with anyio.move_on_after(CONFIRM_EVERY_S):
                 await confirmed.wait()
             confirmed.clear()
             try:
                 await self.confirm()
-                if time.monotonic() >= next_late:
-                    next_late = time.monotonic() + self.grace_s / 2
-                    await self.write_late()
+                if time.monotonic() >= next_late and not self._closing:
+                    next_late = time.monotonic() + await self._pass()
+                self._throttle.clear()
             except DarkroomError as exc:
-                log.warning("late spans failed", error_code=exc.code, error=str(exc))
+                if (quiet := self._throttle.allow(exc.code, time.monotonic())) is not None:
+                    log.warning("late spans failed", error_code=exc.code, error=str(exc),
+                                repeats_not_logged=quiet)  # fmt: skip
             except Exception:  # a bug must not end the worker: next turn
                 log.exception("late spans failed unexpectedly")
 
+    async def _pass(self) -> float:
+        """One late pass; how long until the next (longer after a failed export)."""
+        written, exported = await self.write_late()
+        if written and not exported:
+            return self._backoff.next_s() + self.grace_s / 2
+        self._backoff.reset()
+        return self.grace_s / 2
+
+    async def final(self) -> None:
+        """At the stop, after the last delivery: export what ended and mark it, so the exit's
+        own flush leaves nothing a late writer would copy. No late pass after this."""
+        self._closing = True
+        if not tracing.on():
+            return
+        with anyio.move_on_after(FINAL_S):
+            await anyio.to_thread.run_sync(tracing.flush)
+            with contextlib.suppress(DarkroomError):  # the late writers will see them
+                await self.confirm()
+
     async def confirm(self) -> None:
         """Record what the exporter delivered; given back should the database be away."""
-        pairs = tracing.confirmed()
-        try:
-            await spans.sent(self.pool, _parsed(pairs))
-        except DarkroomError:
-            tracing.unconfirmed(pairs)
-            raise
+        async with self._confirming:
+            pairs = tracing.confirmed()
+            try:
+                await spans.sent(self.pool, _parsed(pairs))
+            except BaseException:
+                tracing.unconfirmed(pairs)
+                raise
 
-    async def write_late(self) -> int:
+    async def write_late(self) -> tuple[int, bool]:
         """One batch of unconfirmed rows past the grace: their spans written and exported
-        while the rows stay locked, then settled. How many spans were written."""
+        while the rows stay locked, then the rows whose export was confirmed (or that had
+        nothing to write) settled. How many spans were written, and whether they left."""
         async with spans.unsent(self.pool, self.grace_s, BATCH) as batch:
             if not batch.rows:
-                return 0
+                return 0, True
             written = [r for r in batch.rows if self._written(r)]
-            if written:
-                await anyio.to_thread.run_sync(tracing.flush)
+            exported = not written or await anyio.to_thread.run_sync(tracing.flush)
+            # only this batch's rows here; the rest of the report goes back to `confirm`
             delivered = set(tracing.confirmed())
-            await spans.sent(batch.conn, _parsed(delivered))
-            # what was written settles once its export is confirmed; nothing to write, at once
+            ours = {(str(r.photo_id), r.span_id) for r in written} & delivered
+            tracing.unconfirmed(delivered - ours)
             await batch.settle(
-                r
-                for r in batch.rows
-                if r not in written or (str(r.photo_id), r.span_id) in delivered
+                r for r in batch.rows if r not in written or (str(r.photo_id), r.span_id) in ours
             )
         if written:
-            log.info("late spans written", count=len(written))
-        return len(written)
+            log.info("late spans written", count=len(written), exported=len(ours))
+        return len(written), exported and len(ours) == len(written)
 
     def _written(self, unsent: spans.Unsent) -> bool:
-        return spanwriter.written_late(unsent, self.stream_of(unsent.lane), self.group)
+        stream = self.streams.lane_streams.get(unsent.lane, "")
+        return spanwriter.written_late(unsent, stream, self.streams.group)
 
 
-def _parsed(pairs: list[tuple[str, str]] | set[tuple[str, str]]) -> list[tuple[uuid.UUID, str]]:
+def _wake(loop: asyncio.AbstractEventLoop, confirmed: asyncio.Event) -> None:
+    """From the export thread; the loop may be closing under it."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(confirmed.set)
+
+
+def _parsed(pairs: list[tuple[str, str]]) -> list[tuple[uuid.UUID, str]]:
     """The exporter's pairs whose photo id is one (a bad message's span names any text)."""
     out = []
     for photo, span_id in pairs:

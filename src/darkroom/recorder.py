@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import anyio
@@ -123,6 +123,22 @@ def _photo_id(entry: Entry) -> uuid.UUID | None:
         return parse_task(entry).photo_id
     except DarkroomError:
         return None
+
+
+async def prune_forever(
+    pool: db.Pool, keep_days: float, duty: Duty, ready: Callable[[], bool]
+) -> None:
+    """The history's retention, every PRUNE_EVERY_S while `ready` (the dependencies are up
+    and the worker is not stopping)."""
+    while True:
+        await anyio.sleep(PRUNE_EVERY_S)
+        if ready():
+            try:
+                await prune_expired(pool, keep_days, duty)
+            except DarkroomError as exc:
+                log.warning("history pruning failed", error_code=exc.code, error=str(exc))
+            except Exception:  # a bug must not end the worker
+                log.exception("history pruning failed unexpectedly")
 
 
 async def prune_expired(pool: db.Pool, keep_days: float, duty: Duty | None = None) -> int:

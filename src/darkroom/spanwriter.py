@@ -64,6 +64,8 @@ def _write_process(
     with tracing.preset(span_id):
         written = tracer.start_span("darkroom.process", context=parent, kind=SpanKind.CONSUMER,
                                     attributes=attributes, start_time=start_ns)  # fmt: skip
+    if not written.is_recording():  # the sampler dropped it: nothing will be exported
+        return None
     if error is not None:
         tracing.record_error(written, *error)
         written.set_attribute("darkroom.error_code", error[0])
@@ -108,8 +110,11 @@ def _write_publish(process: Any, unsent: Unsent) -> None:
 
 
 def _late_times(unsent: Unsent) -> tuple[int, int]:
+    """A published delivery's row ends as its publishing statement starts: its span ends
+    with that statement (the publish child inside it)."""
     ended = unsent.ended_at or unsent.superseded_at or unsent.started_at
-    return int(unsent.started_at.timestamp() * 1e9), int(ended.timestamp() * 1e9)
+    publishing_ns = int((unsent.publish_ms or 0.0) * 1e6) if unsent.outcome == "published" else 0
+    return int(unsent.started_at.timestamp() * 1e9), int(ended.timestamp() * 1e9) + publishing_ns
 
 
 def _late_error(unsent: Unsent) -> tuple[str, str] | None:

@@ -148,9 +148,10 @@ def confirmed() -> list[tuple[str, str]]:
     return out
 
 
-def when_confirmed(wake: Callable[[], object]) -> None:
-    """Have `wake` called (from the export thread) after each export that confirmed spans."""
-    _on_confirmed[:] = [wake]
+def when_confirmed(wake: Callable[[], object] | None) -> None:
+    """Have `wake` called (from the export thread) after each export that confirmed spans;
+    None: no more."""
+    _on_confirmed[:] = [wake] if wake is not None else []
 
 
 def unconfirmed(pairs: Iterable[tuple[str, str]]) -> None:
@@ -158,13 +159,29 @@ def unconfirmed(pairs: Iterable[tuple[str, str]]) -> None:
     _confirmed.extendleft(pairs)
 
 
-def flush(timeout_s: float = EXPORT_TIMEOUT_S) -> bool:
-    """Export every ended span now (blocking: call it from a thread); False: not within time."""
+def flush() -> bool:
+    """Export every ended span now, within the exporter's timeout (blocking: call it from a
+    thread); False: not within it."""
     if _tracer is None:
         return True
     from opentelemetry import trace
 
-    return bool(trace.get_tracer_provider().force_flush(int(timeout_s * 1000)))  # type: ignore[attr-defined]
+    timeout_ms = int(export_timeout_s() * 1000)
+    return bool(trace.get_tracer_provider().force_flush(timeout_ms))  # type: ignore[attr-defined]
+
+
+def export_timeout_s(environ: Mapping[str, str] = os.environ) -> float:
+    """The exporter's timeout: OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT, which this SDK reads in
+    seconds (the specification says milliseconds; the SDK's own default is `10`), else
+    darkroom's EXPORT_TIMEOUT_S."""
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+        try:
+            value = float(environ.get(name, ""))
+        except ValueError:
+            continue
+        if 0 <= value < float("inf"):
+            return value
+    return EXPORT_TIMEOUT_S
 
 
 def _timeout_set() -> bool:

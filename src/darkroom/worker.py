@@ -20,7 +20,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
-from darkroom import latespans, metrics, recorder, sweeper, tracing
+from darkroom import latespans, metrics, recorder, sweeper
 from darkroom.duty import Duty, process_holder
 from darkroom.errors import DarkroomError
 from darkroom.feeder import Feeder
@@ -99,11 +99,7 @@ class Worker(LaneReads):
         # the intake's backoff).
         self.feeder = Feeder(self.settings, self.pool, self.streams, self.stopping, holder)
         self.pause_watch = PauseWatch(self.pool, self._heed)
-        self.late_spans = latespans.LateSpans(self.pool, self._lane_stream, self.streams.group,
-                                              latespans.grace_s())  # fmt: skip
-
-    def _lane_stream(self, lane: str) -> str:
-        return self.streams.lane_streams.get(lane, "")
+        self.late_spans = latespans.LateSpans(self.pool, self.streams)  # traced workers only
 
     def _heed(self, paused: Paused) -> None:
         """The pauses changed: the intake and the feeder act on them from their next turn."""
@@ -116,6 +112,9 @@ class Worker(LaneReads):
         self.stopping.set()
         self._notify()
 
+    def _background_ready(self) -> bool:
+        return self.gate.is_open() and not self.stopping.is_set()
+
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """For /readyz: ready, else which dependency is down and why, or stopping."""
         down = dict(self.gate.down)
@@ -127,12 +126,12 @@ class Worker(LaneReads):
             services.start_soon(self._heartbeat_loop, "heartbeat failed", self._refresh_entries)
             services.start_soon(self._heartbeat_loop, "renewing leases failed", self._renew_leases)
             services.start_soon(self._sweep_loop)
-            services.start_soon(self._prune_loop)
+            services.start_soon(recorder.prune_forever, self.pool, self.settings.history_keep_days,
+                                self.prune_duty, self._background_ready)  # fmt: skip
             services.start_soon(self.relay.run)
             services.start_soon(self.feeder.run)
             services.start_soon(self.pause_watch.run)
-            if tracing.on():  # spans nobody confirmed, written from the history
-                services.start_soon(self.late_spans.run)
+            services.start_soon(self.late_spans.run)
             if drain:
                 services.start_soon(self._end_drain_in_outage)
             async with anyio.create_task_group() as jobs:
@@ -144,6 +143,7 @@ class Worker(LaneReads):
                 jobs.cancel_scope.cancel()
             with anyio.move_on_after(RELAY_FLUSH_S):  # after the last outcome committed
                 await self.relay.flush()
+            await self.late_spans.final()
             services.cancel_scope.cancel()
 
     # -- intake ---------------------------------------------------------------------------
@@ -393,17 +393,3 @@ class Worker(LaneReads):
             metrics.REQUEUED.labels("sweep").inc(len(photos))
             log.warning("swept lost photos back into the stream", count=len(photos))
         return len(photos)
-
-    async def _prune_loop(self) -> None:
-        """The attempt history's retention (recorder.prune_expired), every PRUNE_EVERY_S."""
-        while True:
-            await anyio.sleep(recorder.PRUNE_EVERY_S)
-            if self.gate.is_open() and not self.stopping.is_set():
-                try:
-                    await recorder.prune_expired(
-                        self.pool, self.settings.history_keep_days, self.prune_duty
-                    )
-                except DarkroomError as exc:
-                    log.warning("history pruning failed", error_code=exc.code, error=str(exc))
-                except Exception:  # a bug must not end the worker
-                    log.exception("history pruning failed unexpectedly")

@@ -80,8 +80,9 @@ async def finish(pool: Pool, attempt: Attempt, ending: Ending) -> None:
 # `span_id` ($13): the delivery's span (tracing on), for a late writer (store/spans.py).
 RECORD_SQL = f"""{QUICK}
 INSERT INTO photo_attempts (photo_id, entry_id, consumer, lane, ended_at, outcome,
-    error_code, error, download_ms, render_ms, upload_ms, publish_ms, peak_rss_mb, span_id)
-SELECT $1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11, $12, $13
+    error_code, error, download_ms, render_ms, upload_ms, publish_ms, peak_rss_mb, span_id,
+    span_sent)
+SELECT $1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10, $11, $12, $13, $13::text IS NULL
 FROM quick
 """
 

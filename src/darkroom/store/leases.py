@@ -170,8 +170,8 @@ WITH p AS (
     -- the delivery's `running` history row, in the claim's own commit ($7: its lane;
     -- NULL with DARKROOM_HISTORY=false). A claim by the job's own holder (its first reply
     -- was lost) has its row already: no second one, which would stay `running` for good.
-    INSERT INTO photo_attempts (photo_id, entry_id, consumer, lane, span_id)
-    SELECT $1, $2, $3, $7, $10 FROM job
+    INSERT INTO photo_attempts (photo_id, entry_id, consumer, lane, span_id, span_sent)
+    SELECT $1, $2, $3, $7, $10, $10::text IS NULL FROM job
     WHERE $7::text IS NOT NULL AND NOT (SELECT own FROM next)
     RETURNING id
 ), died AS (

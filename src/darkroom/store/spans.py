@@ -66,9 +66,11 @@ async def sent(pool: Pool | Connection, pairs: list[tuple[uuid.UUID, str]]) -> N
 
 
 # The oldest unsent rows past the grace ($1 s; photo_attempts_unsent_idx): a delivery that
-# ended that long ago, or a `running` one its job no longer names (another claim took the
-# job: its worker died) whose next claim is that old, so the reclaim's own span had its time
-# to leave. Locked, skipping what another worker's late writer holds: one writer per row.
+# ended that long ago, or a `running` one whose job does not name it under a live lease (as
+# history.COLUMNS reads `worker_died`) and whose next claim (a later row of a delivery that
+# took the job, not one that found it busy or done) is that old, so the reclaim's own span
+# had its time to leave. Locked, skipping what another worker's late writer holds: one
+# writer per row.
 UNSENT_SQL = f"""
 SELECT a.id, a.photo_id, a.entry_id, coalesce(a.lane, '') AS lane, a.span_id, a.started_at,
        a.ended_at, next.started_at AS superseded_at, a.outcome, a.error_code, a.error,
@@ -78,6 +80,7 @@ JOIN photos p ON p.id = a.photo_id
 LEFT JOIN LATERAL (
     SELECT b.started_at FROM photo_attempts b
     WHERE b.photo_id = a.photo_id AND b.started_at > a.started_at
+      AND b.outcome NOT IN ('busy', 'already', 'skipped')
     ORDER BY b.started_at LIMIT 1) next ON a.ended_at IS NULL
 WHERE a.span_id IS NOT NULL AND NOT a.span_sent
   AND a.started_at > now() - interval '{LATE_WINDOW}'
@@ -86,8 +89,9 @@ WHERE a.span_id IS NOT NULL AND NOT a.span_sent
        OR (a.ended_at IS NULL AND next.started_at < now() - $1 * interval '1 second'
            AND NOT EXISTS (
                SELECT 1 FROM photo_jobs j
-               WHERE j.photo_id = a.photo_id AND j.type = 'process'
-                 AND j.consumer = a.consumer AND j.started_at = a.started_at)))
+               WHERE j.photo_id = a.photo_id AND j.type = 'process' AND j.state = 'active'
+                 AND j.stream_entry = a.entry_id AND j.consumer = a.consumer
+                 AND j.lease_until > now())))
 ORDER BY a.started_at LIMIT $2
 FOR UPDATE OF a SKIP LOCKED
 """
