@@ -211,6 +211,19 @@ async def test_out_of_memory_fails_its_photo_and_replaces_the_process() -> None:
         assert (await renderer.render(SMALL, DEFAULTS)).facts.format == "gif"
 
 
+async def test_a_raw_decode_past_the_memory_limit_fails_out_of_memory() -> None:
+    """LibRaw decoding a 12 MP sensor whole under a 300 MB address-space limit: the photo
+    fails out_of_memory (its buffers refused), never corrupt_image, and the next renders."""
+    from tests import rawcraft
+
+    data = rawcraft.bayer_dng(rawcraft.quadrants(4000, 3000))
+    whole = parse_renditions("large:4000:jpeg:85")  # more than half the sensor: no half size
+    async with pool(memory_mb=300) as renderer:
+        with pytest.raises(RenderOutOfMemoryError):
+            await renderer.render(data, whole)
+        assert (await renderer.render(SMALL, DEFAULTS)).facts.format == "gif"
+
+
 async def test_a_cancelled_render_kills_and_reaps_its_process() -> None:
     """Cancelling the awaiting task kills the render process and waits for it to be reaped."""
     async with pool() as renderer:

@@ -10,6 +10,7 @@ and a fraction of the time, and nothing a rendition could show is lost.
 
 from __future__ import annotations
 
+import errno
 import functools
 import io
 
@@ -55,12 +56,21 @@ def decode(
             libraw.unpack()
             rgb = libraw.postprocess(use_camera_wb=True, half_size=half, output_bps=8,
                                      output_color=rawpy.ColorSpace.sRGB)  # fmt: skip
+        except (rawpy.LibRawUnsufficientMemoryError, rawpy.LibRawMemPoolOverflowError):
+            # the render process's address-space limit: renderproc.py reports out_of_memory
+            raise MemoryError("LibRaw could not allocate its buffers") from None
+        except OSError as exc:  # rawpy's own allocation of the output image says ENOMEM so
+            if exc.errno == errno.ENOMEM:
+                raise MemoryError("LibRaw could not allocate its output image") from None
+            raise CorruptImageError(f"{fmt.upper()}: LibRaw failed ({exc})"[:300]) from None
+        except rawpy.LibRawTooBigError:
+            raise ImageTooLargeError(f"{fmt.upper()}: LibRaw refuses its size") from None
         except rawpy.LibRawFileUnsupportedError:
             raise UnsupportedFormatError(
                 f"{fmt.upper()}: no embedded preview covers {needed_edge} px and LibRaw does"
                 " not decode this file's raw data"
             ) from None
-        except (rawpy.LibRawError, MemoryError) as exc:
+        except rawpy.LibRawError as exc:
             raise CorruptImageError(f"{fmt.upper()}: LibRaw could not decode the raw data"
                                     f" ({_said(exc)})"[:300]) from None  # fmt: skip
     upright = (height, width) if flip in (5, 6) else (width, height)
