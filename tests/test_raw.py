@@ -227,6 +227,25 @@ def test_damaged_raw_files_give_codes_never_crashes() -> None:
     assert {"rendered", "corrupt_image"} <= set(outcomes)  # the damage reached both ways
 
 
+def test_damaged_sensor_data_gives_codes_never_crashes() -> None:
+    """A Bayer DNG (small preview, so LibRaw decodes it) cut short or with bytes flipped,
+    mostly in its header and IFDs: 300 variants, each a render or a coded error (LibRaw
+    runs in this process here, so a crash would end the test)."""
+    base = rawcraft.bayer_dng(rawcraft.quadrants(120, 80), 6, jpeg=rawcraft.preview(40, 30))
+    rng, outcomes = random.Random(20261206), []
+    for _ in range(300):
+        cut = rng.randrange(8, len(base)) if rng.random() < 0.3 else len(base)
+        damaged = bytearray(base[:cut])
+        for _ in range(rng.randrange(1, 6)):
+            near_start = rng.random() < 0.8
+            damaged[rng.randrange(min(len(damaged), 2000) if near_start else len(damaged))] = (
+                rng.randrange(256)
+            )
+        outcomes.append(_outcome(bytes(damaged)))
+    assert set(outcomes) <= {"rendered", "unsupported_format", "corrupt_image", "image_too_large"}
+    assert {"rendered", "unsupported_format"} <= set(outcomes)
+
+
 def _outcome(data: bytes) -> str:
     try:
         pipeline.render(data, SPECS, 100_000_000)
