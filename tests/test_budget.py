@@ -98,7 +98,9 @@ def test_a_raw_is_estimated_by_what_will_decode_it() -> None:
                               jpeg=rawcraft.preview(160, 120))  # fmt: skip
     assert footprint.estimate_mb(half) == footprint._mb(24.0, "raw_half")
     assert footprint.estimate_mb(whole) == footprint._mb(6.0, "raw_full")
-    assert footprint.estimate_mb(rawcraft.cr3()) == footprint.FLOOR_MB  # no size it reads
+    # a CR3's sensor size is not read: an APS-C camera's at half size, far above the floor
+    assumed = footprint._mb(footprint.ASSUMED_RAW_MP, "raw_half")
+    assert footprint.estimate_mb(rawcraft.cr3()) == assumed > 5 * footprint.FLOOR_MB
 
 
 def test_a_header_that_does_not_read_is_estimated_at_the_floor() -> None:

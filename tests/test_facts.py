@@ -345,8 +345,8 @@ pyvips.operation_block_set("VipsForeignLoadWebp", True)
 """
 BLOCKED_RUN = """
 import sys
-from darkroom.image import renderer
-renderer._forkserver().set_forkserver_preload(["darkroom.image.renderproc", "no_webp"])
+from darkroom.image import forking
+forking.forkserver().set_forkserver_preload(["darkroom.image.renderproc", "no_webp"])
 from darkroom.cli import main
 sys.exit(main(["run", "--drain"]))
 """

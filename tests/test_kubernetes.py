@@ -34,7 +34,7 @@ CUSTOM_KINDS = {"ScaledObject", "PodMonitor", "PrometheusRule"}
 IMAGE_UID = 10001  # the Dockerfile's USER
 # After the shutdown grace, the exit's own bounds (docs/reliability.md, shutdown): the shielded
 # failure record 20 s, leaving the group 2 s, three connections closed 5 s each.
-EXIT_BOUNDS_S = 20 + 2 + 3 * 5
+EXIT_BOUNDS_S = 20 + 2 + 3 * 5 + 5 + 6 + 3
 
 
 @functools.cache

@@ -145,6 +145,29 @@ def test_a_sensor_twice_the_largest_rendition_is_decoded_at_half_size() -> None:
     _upright_quadrants(large.data)
 
 
+def test_libraws_renditions_keep_a_cropped_box_whole_and_its_facts_upright() -> None:
+    """A cropped square from sensor data is the box's size (the decode kept the cover the
+    crop needs, judged on the sensor's shape), and a transposing orientation (5 to 8)
+    reports the sensor's size turned as the pixels are."""
+    from darkroom.image import rawdecode
+
+    data = rawcraft.bayer_dng(rawcraft.quadrants(600, 400), jpeg=rawcraft.preview(40, 30))
+    specs = [RenditionSpec("sq", 300, "jpeg", 85, box=(300, 300), crop="centre")]
+    [square] = pipeline.render(data, specs, 50_000_000).renditions
+    assert (square.width, square.height) == (300, 300)
+    assert rawdecode._upright(600, 400, (600, 400, 3)) == (400, 600)  # turned: portrait out
+    assert rawdecode._upright(600, 400, (400, 600, 3)) == (600, 400)
+
+
+def test_a_sensor_past_the_budget_renders_from_a_preview_that_serves() -> None:
+    """A sensor over DARKROOM_MAX_PIXELS (a 102 MP camera's, scaled down here) with a
+    preview short of the largest rendition but over 1,024 px: the preview renders, as it
+    did before LibRaw, rather than `image_too_large`."""
+    data = rawcraft.bayer_dng(rawcraft.quadrants(1600, 1200), jpeg=rawcraft.preview(1100, 824))
+    result = pipeline.render(data, [RenditionSpec("large", 2048, "png", 100)], 1_500_000)
+    assert (result.facts.width, result.facts.height) == (1100, 824)
+
+
 def test_without_libraw_a_smaller_preview_serves_and_none_is_unsupported(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

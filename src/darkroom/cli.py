@@ -26,7 +26,7 @@ from darkroom.errors import DarkroomError, SettingsError, first_error
 from darkroom.health import DEPENDENCIES
 from darkroom.image import selfcheck
 from darkroom.image.cost import cost_of
-from darkroom.image.renderer import isolated
+from darkroom.image.forking import isolated
 from darkroom.operate import acts, audit, bulk_commands, erase, gc, history, limits, ops, pause, web
 from darkroom.operate import events as events_command
 from darkroom.operate.progress import Progress

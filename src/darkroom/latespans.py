@@ -41,8 +41,9 @@ MIN_GRACE_S = 10.0
 # A late pass whose export failed (the collector is away) waits longer each time, up to this:
 # its rows stay for the next pass, and the batch queue is left to the live spans.
 MAX_PASS_WAIT_S = 600.0
-# The exit's last confirmations: the flush of what ended before the stop, then their marks.
-FINAL_S = 2 * tracing.EXPORT_TIMEOUT_S
+# The exit's last confirmations: the flush of what ended before the stop (bounded by the
+# exporter's timeout), then their marks; so many times that timeout at most.
+FINAL_FACTOR = 2
 
 
 def grace_s(environ: Mapping[str, str] = os.environ) -> float:
@@ -118,7 +119,7 @@ class LateSpans:
         self._closing = True
         if not tracing.on():
             return
-        with anyio.move_on_after(FINAL_S):
+        with anyio.move_on_after(FINAL_FACTOR * tracing.export_timeout_s()):
             await anyio.to_thread.run_sync(tracing.flush)
             with contextlib.suppress(DarkroomError):  # the late writers will see them
                 await self.confirm()

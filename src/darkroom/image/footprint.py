@@ -40,6 +40,10 @@ MB_PER_MEGAPIXEL = {
 # decodes it, is judged against this (a list with a larger one is rarer, and still bounded
 # by the render process's own address-space limit).
 RAW_EDGE = 2048
+# A RAW whose sensor size is not read here (RAF, CR3, an RW2's): taken as an APS-C
+# camera's 26 MP at half size, not the floor, since LibRaw decodes most of them (their
+# previews are shorter than RAW_EDGE)
+ASSUMED_RAW_MP = 26.0
 # What a render of 1 MP or more holds whatever its size: the decode's first tiles, the
 # renditions' buffers, the encoders (a 2 MP JPEG: 21–28 MB). Smaller photos make smaller
 # renditions (never enlarged): from TINY_MB (a 64×48 PNG: 4 MB; 0.2 MP: 4–6 MB) up to it.
@@ -78,7 +82,7 @@ def _raw_mb(data: bytes, fmt: str) -> int:
     except UnsupportedFormatError:
         sensor = raw.sensor_size(data)
     if sensor is None:
-        return FLOOR_MB
+        return _mb(ASSUMED_RAW_MP, "raw_half")
     kind = "raw_half" if raw.half_size(*sensor, RAW_EDGE) else "raw_full"
     return _mb(sensor[0] * sensor[1] / 1e6, kind)
 

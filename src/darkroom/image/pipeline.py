@@ -205,8 +205,9 @@ def _decode_raw(data: bytes, fmt: str, specs: Specs, max_pixels: int) -> Decoded
         if not decoder:
             raise
         try:
-            return rawdecode.decoded(data, fmt, needed, max_pixels)
-        except (UnsupportedFormatError, CorruptImageError) as refused:
+            return rawdecode.decoded(data, fmt, specs, max_pixels)
+        except (UnsupportedFormatError, CorruptImageError, ImageTooLargeError) as refused:
+            # a sensor past the budget (a 102 MP camera's) still renders from its preview
             found = _smaller_preview(data, fmt, needed, max_pixels, refused)
     image, source = _decode(found.jpeg, "jpeg", specs, max_pixels)
     return image, msgspec.structs.replace(source, format=fmt, exif=found.exif or source.exif)

@@ -118,11 +118,28 @@ def half_size(width: int, height: int, needed_edge: int) -> bool:
 
 def exif_of(data: bytes) -> bytes | None:
     """The EXIF a TIFF-based RAW carries in IFD0 and its EXIF IFD, at its start, as a TIFF
-    image/exif.py reads; None for a RAF (its EXIF is its preview's)."""
+    image/exif.py reads; a RAF's, its preview's APP1; None for a CR3 (ISO-BMFF: its EXIF
+    boxes are not read)."""
     if data[:15] == _RAF_MAGIC:
+        return _raf_exif(data)
+    if data[:4] not in (*_TIFF_MAGIC, *_VARIANT_MAGIC):
         return None
     magic = b"II*\0" if data[:2] == b"II" else b"MM\0*"  # ORF's and RW2's own magic to TIFF's
     return magic + data[4:EXIF_PREFIX_BYTES]
+
+
+def _raf_exif(data: bytes) -> bytes | None:
+    """The `Exif` APP1 of the JPEG the RAF header names (the camera's own EXIF)."""
+    if len(data) < 92:
+        return None
+    offset, length = struct.unpack(">II", data[84:92])
+    jpeg, pos = data[offset : offset + length], 2
+    while pos + 4 <= len(jpeg) and jpeg[pos] == 0xFF and 0xE0 <= jpeg[pos + 1] <= 0xEF:
+        size = int.from_bytes(jpeg[pos + 2 : pos + 4], "big")
+        if jpeg[pos + 1] == 0xE1 and jpeg[pos + 4 : pos + 10] == b"Exif\0\0":
+            return jpeg[pos + 4 : pos + 2 + size]
+        pos += 2 + size
+    return None
 
 
 def _raf(data: bytes, edge: int, max_pixels: int) -> Preview:

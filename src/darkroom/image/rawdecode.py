@@ -13,20 +13,24 @@ from __future__ import annotations
 import errno
 import functools
 import io
+from collections.abc import Sequence
 
 import numpy as np
 import pyvips
 
 from darkroom.errors import CorruptImageError, ImageTooLargeError, UnsupportedFormatError
-from darkroom.image import raw
+from darkroom.image import crops, raw
 from darkroom.image.results import Decoded, Source
+from darkroom.settings import RenditionSpec
 
 
-def decoded(data: bytes, fmt: str, needed_edge: int, max_pixels: int) -> Decoded:
-    """The RAW's pixels shrunk to what the renditions need, and what its header says: the
-    sensor's upright size, the RAW's own EXIF (for the facts)."""
-    image, width, height = decode(data, fmt, needed_edge, max_pixels)
-    image = image.thumbnail_image(needed_edge, height=needed_edge, size="down").copy_memory()
+def decoded(data: bytes, fmt: str, specs: Sequence[RenditionSpec], max_pixels: int) -> Decoded:
+    """The RAW's pixels shrunk to what the renditions need (a cropped box's cover included,
+    judged on the sensor's shape), and what its header says: the sensor's upright size, the
+    RAW's own EXIF (for the facts)."""
+    image, width, height = decode(data, fmt, specs, max_pixels)
+    needed = crops.decode_edge(specs, width, height)
+    image = image.thumbnail_image(needed, height=needed, size="down").copy_memory()
     return image, Source(fmt, width, height, exif=raw.exif_of(data))
 
 
@@ -41,40 +45,53 @@ def available() -> bool:
 
 
 def decode(
-    data: bytes, fmt: str, needed_edge: int, max_pixels: int
+    data: bytes, fmt: str, specs: Sequence[RenditionSpec], max_pixels: int
 ) -> tuple[pyvips.Image, int, int]:
     """Upright 8-bit sRGB pixels, and the full upright size they stand for (a half-size
     decode is half of it). Raises UnsupportedFormatError for what LibRaw does not know,
-    ImageTooLargeError past the budget, CorruptImageError for data it cannot decode."""
+    ImageTooLargeError past the budget, CorruptImageError for data it cannot decode, and
+    MemoryError for buffers the render process's limit refused (renderproc.py: out_of_memory)."""
     import rawpy
 
     with rawpy.RawPy() as libraw:
         try:
             libraw.open_buffer(io.BytesIO(data))
-            width, height, flip = _checked_size(libraw, max_pixels)
-            half = raw.half_size(width, height, needed_edge)
+            width, height = _checked_size(libraw, max_pixels)
+            half = raw.half_size(width, height, crops.decode_edge(specs, width, height))
             libraw.unpack()
             rgb = libraw.postprocess(use_camera_wb=True, half_size=half, output_bps=8,
                                      output_color=rawpy.ColorSpace.sRGB)  # fmt: skip
         except (rawpy.LibRawUnsufficientMemoryError, rawpy.LibRawMemPoolOverflowError):
-            # the render process's address-space limit: renderproc.py reports out_of_memory
             raise MemoryError("LibRaw could not allocate its buffers") from None
-        except OSError as exc:  # rawpy's own allocation of the output image says ENOMEM so
-            if exc.errno == errno.ENOMEM:
-                raise MemoryError("LibRaw could not allocate its output image") from None
-            raise CorruptImageError(f"{fmt.upper()}: LibRaw failed ({exc})"[:300]) from None
         except rawpy.LibRawTooBigError:
             raise ImageTooLargeError(f"{fmt.upper()}: LibRaw refuses its size") from None
         except rawpy.LibRawFileUnsupportedError:
             raise UnsupportedFormatError(
-                f"{fmt.upper()}: no embedded preview covers {needed_edge} px and LibRaw does"
+                f"{fmt.upper()}: no embedded preview covers the renditions and LibRaw does"
                 " not decode this file's raw data"
             ) from None
         except rawpy.LibRawError as exc:
             raise CorruptImageError(f"{fmt.upper()}: LibRaw could not decode the raw data"
                                     f" ({_said(exc)})"[:300]) from None  # fmt: skip
-    upright = (height, width) if flip in (5, 6) else (width, height)
-    return _image(rgb), *upright
+        except OSError as exc:  # rawpy's own allocation of the output image
+            if _errno(exc) == errno.ENOMEM:
+                raise MemoryError("LibRaw could not allocate its output image") from None
+            raise CorruptImageError(f"{fmt.upper()}: LibRaw failed ({exc})"[:300]) from None
+    return _image(rgb), *_upright(width, height, rgb.shape)
+
+
+def _upright(width: int, height: int, shape: tuple[int, ...]) -> tuple[int, int]:
+    """The sensor's visible size as the output is turned: LibRaw applied the orientation,
+    and a transposing one (5-8) made a landscape sensor's output portrait."""
+    return (height, width) if (shape[1] > shape[0]) != (width > height) else (width, height)
+
+
+def _errno(exc: OSError) -> int | None:
+    """rawpy raises OSError((code, message)): one tuple argument, so `errno` stays None."""
+    if exc.errno is not None:
+        return exc.errno
+    first = exc.args[0] if exc.args else None
+    return first[0] if isinstance(first, tuple) and first and isinstance(first[0], int) else None
 
 
 def _said(exc: BaseException) -> str:
@@ -83,9 +100,9 @@ def _said(exc: BaseException) -> str:
     return said.decode(errors="replace") if isinstance(said, bytes) else str(said)
 
 
-def _checked_size(libraw: object, max_pixels: int) -> tuple[int, int, int]:
-    """The visible sensor area and LibRaw's flip, after the pixel budget (over the raw
-    frame, margins included: that is what unpack allocates)."""
+def _checked_size(libraw: object, max_pixels: int) -> tuple[int, int]:
+    """The visible sensor area, after the pixel budget (over the raw frame, margins
+    included: that is what unpack allocates)."""
     sizes = libraw.sizes  # type: ignore[attr-defined]
     frame = sizes.raw_width * sizes.raw_height
     if not sizes.width or not sizes.height:
@@ -95,7 +112,7 @@ def _checked_size(libraw: object, max_pixels: int) -> tuple[int, int, int]:
             f"RAW sensor {sizes.raw_width}x{sizes.raw_height} is {frame} pixels,"
             f" over the budget of {max_pixels}"
         )
-    return int(sizes.width), int(sizes.height), int(sizes.flip)
+    return int(sizes.width), int(sizes.height)
 
 
 def _image(rgb: np.ndarray) -> pyvips.Image:

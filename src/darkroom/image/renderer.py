@@ -18,14 +18,11 @@ pipe.py; the free slots are slots.py.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import signal
-import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from multiprocessing import spawn
 from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
@@ -38,7 +35,7 @@ from darkroom.errors import (
     RenderOutOfMemoryError,
     RenderTimeoutError,
 )
-from darkroom.image import footprint, pipe, renderproc
+from darkroom.image import footprint, forking, pipe, renderproc
 from darkroom.image.budget import MemoryBudget
 from darkroom.image.results import RenderResult
 from darkroom.image.slots import REGULAR_NICE, Slots
@@ -46,59 +43,6 @@ from darkroom.settings import RenditionSpec, Settings
 
 _CLOSE_WAIT_S = 5.0
 _READY_WAIT_S = 30.0
-_context: Any = None
-_START_LOCK = threading.Lock()
-
-
-def _forkserver() -> Any:
-    global _context
-    if _context is None:
-        # numpy's OpenBLAS reserves address space per thread at import (the forkserver's
-        # preload): one thread, as the placeholders' tiny matrix products need no more
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-        _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(["darkroom.image.renderproc"])
-    return _context
-
-
-def _start(process: Any) -> None:
-    """Start a child without re-running the parent's main module in it.
-
-    multiprocessing re-imports `__main__` in every child (CPython 3.11's forkserver cannot
-    preload it), which costs ~150 ms of imports per process; the target lives in this
-    module's sibling renderproc.py, so the child needs none of it.
-    """
-    with _START_LOCK:
-        original = spawn.get_preparation_data
-
-        def without_main(name: str) -> dict[str, Any]:
-            data: dict[str, Any] = original(name)
-            data.pop("init_main_from_path", None)
-            data.pop("init_main_from_name", None)
-            return data
-
-        spawn.get_preparation_data = without_main
-        try:
-            process.start()
-        finally:
-            spawn.get_preparation_data = original
-
-
-def isolated(function: Callable[..., Any], *args: Any) -> Any:
-    """`function(*args)` in a child of the forkserver, for one-off libvips work whose decoders
-    and freed memory the caller should not keep (the start-up self-check); raises
-    RenderCrashedError if the child died first."""
-    ours, theirs = _forkserver().Pipe(duplex=False)
-    process = _forkserver().Process(target=renderproc.call, args=(theirs, function, args))
-    _start(process)
-    theirs.close()
-    try:
-        with ours:
-            return ours.recv()
-    except EOFError:
-        raise RenderCrashedError("isolated process died") from None
-    finally:
-        process.join()
 
 
 def vips_threads_for(slots: int) -> int:
@@ -363,12 +307,12 @@ class RenderPool:
         return "rss" if rss_mb > self.max_rss_mb else None
 
     async def _spawn(self, kind: str = "regular") -> _Child:
-        ctx = _forkserver()
+        ctx = forking.forkserver()
         ours, theirs = ctx.Pipe(duplex=True)
         args = (theirs, self.memory_mb, self.keep_mb, self.vips_threads, self._nice[kind])
         process = ctx.Process(target=renderproc.serve, args=args, daemon=True)
         try:
-            await anyio.to_thread.run_sync(_start, process, limiter=self._threads)
+            await anyio.to_thread.run_sync(forking.start, process, limiter=self._threads)
         finally:
             theirs.close()  # before the wait: a child that dies is then an EOF here
         self.started += 1

@@ -124,7 +124,8 @@ def _out_of_memory(exc: Exception, peak: int, peak_before: int, memory_mb: int) 
 
 
 # libvips' words for an allocation or thread start refused under RLIMIT_AS
-_OUT_OF_MEMORY_WORDS = ("failed to allocate", "error creating thread", "out of memory")
+_OUT_OF_MEMORY_WORDS = ("failed to allocate", "error creating thread", "out of memory",
+                        "cannot allocate memory")  # fmt: skip
 
 
 def _says_out_of_memory(exc: Exception) -> bool:
