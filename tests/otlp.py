@@ -79,7 +79,7 @@ def serving(keep: bool = True) -> Iterator[Receiver]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
+            body = self._body()
             if self.headers.get("Content-Encoding") == "gzip":
                 body = gzip.decompress(body)
             spans = decoded(body)
@@ -95,6 +95,17 @@ def serving(keep: bool = True) -> Iterator[Receiver]:
             self.send_header("Content-Length", str(len(reply)))
             self.end_headers()
             self.wfile.write(reply)
+
+        def _body(self) -> bytes:
+            """Sized (Python's exporter) or chunked (Node's)."""
+            if self.headers.get("Content-Length") is not None:
+                return self.rfile.read(int(self.headers["Content-Length"]))
+            chunks = []
+            while size := int(self.rfile.readline().split(b";")[0], 16):
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()  # the CRLF after each chunk
+            self.rfile.readline()  # the CRLF after the last, empty chunk
+            return b"".join(chunks)
 
         def log_message(self, *args: Any) -> None:
             pass

@@ -1,8 +1,8 @@
 """The producer and consumer examples run against the real servers: the Python
 (redis-py + asyncpg) and Node (ioredis + pg) producers make a photo darkroom processes, the
 PostgreSQL-only producer leaves its row for the intake, both carry a producer's trace context
-into darkroom's trace, and both consumers handle each event of `{darkroom}:events` once,
-however often it is delivered."""
+into darkroom's trace (the Node one its own OpenTelemetry span too), and both consumers
+handle each event of `{darkroom}:events` once, however often it is delivered."""
 
 from __future__ import annotations
 
@@ -80,6 +80,30 @@ def test_a_producer_given_a_traceparent_puts_it_on_its_entry_and_row(
     [process] = process_spans(receiver, trace_id)
     assert process.parent_id == producer_id
     assert process.attributes["darkroom.photo_id"] == str(photo_id)
+
+
+def test_the_node_producer_under_opentelemetry_exports_its_span_and_darkroom_joins_it(
+    file_env: Env, receiver: Receiver
+) -> None:
+    """`node --import ./tracing.js produce.js` with an OTLP endpoint: the producer's own
+    `darkroom.produce` span (PRODUCER, its OTEL_SERVICE_NAME) reaches the collector over
+    OTLP/protobuf, its context is on the entry and the row, and the traced worker's span of
+    the photo is its child, in its trace."""
+    node = EXAMPLES / "node"
+    command = [str(NODE), "--import", str(node / "tracing.js"), str(node / "produce.js"),
+               str(PHOTOS / "4.webp")]  # fmt: skip
+    traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_SERVICE_NAME": "producer"}
+    photo_id = uuid.UUID(run(file_env, command, **traced).strip())
+    [produce] = receiver.named("darkroom.produce")
+    assert (produce.kind, produce.service) == (4, "producer")  # SPAN_KIND_PRODUCER
+    traceparent = f"00-{produce.trace_id}-{produce.span_id}-01"
+    (entry,) = file_env.redis.xrange(file_env.stream)
+    assert entry[1] == {"photo_id": str(photo_id), "traceparent": traceparent}
+    [row] = file_env.query("SELECT traceparent FROM photos WHERE id = $1", photo_id)
+    assert row["traceparent"] == traceparent
+    file_env.cli("run", "--drain", **otel(receiver))
+    [process] = process_spans(receiver, produce.trace_id)
+    assert process.parent_id == produce.span_id
 
 
 def test_the_postgresql_only_producer_leaves_the_row_to_the_intake(file_env: Env) -> None:

@@ -4,9 +4,10 @@
 //
 // Settings are darkroom's own: DARKROOM_DATABASE_URL, DARKROOM_REDIS_URL, DARKROOM_STREAM,
 // DARKROOM_STORAGE_URL (a local folder, `file:PATH`; on S3, PUT the original at the same key).
-// Traced: TRACEPARENT (a W3C traceparent), or the active OpenTelemetry context when
-// @opentelemetry/api is installed and configured, goes on the row and the entry, so darkroom's
-// spans join that trace.
+// Traced: TRACEPARENT (a W3C traceparent), or with OpenTelemetry configured
+// (`node --import ./tracing.js produce.js photo.jpg`, OTEL_EXPORTER_OTLP_ENDPOINT set) the
+// photo's own `darkroom.produce` span, goes on the row and the entry, so darkroom's spans
+// join that trace.
 import { randomUUID } from "node:crypto";
 import { copyFile, mkdir } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
@@ -60,4 +61,24 @@ async function produce(path) {
   return photoId;
 }
 
-for (const path of process.argv.slice(2)) console.log(await produce(path));
+// Each photo in a `darkroom.produce` span when @opentelemetry/api is installed (a no-op span
+// unless an SDK is registered, as tracing.js does): its context is what traceContext injects.
+async function inSpan(path, work) {
+  let api;
+  try {
+    api = await import("@opentelemetry/api");
+  } catch {
+    return work(); // not installed: untraced
+  }
+  const tracer = api.trace.getTracer("darkroom-examples");
+  const options = { kind: api.SpanKind.PRODUCER, attributes: { "darkroom.file": basename(path) } };
+  return tracer.startActiveSpan("darkroom.produce", options, async (span) => {
+    try {
+      return await work();
+    } finally {
+      span.end();
+    }
+  });
+}
+
+for (const path of process.argv.slice(2)) console.log(await inSpan(path, () => produce(path)));
