@@ -75,6 +75,10 @@ async function inSpan(path, work) {
   return tracer.startActiveSpan("darkroom.produce", options, async (span) => {
     try {
       return await work();
+    } catch (error) {
+      span.recordException(error);
+      span.setStatus({ code: api.SpanStatusCode.ERROR, message: String(error) });
+      throw error;
     } finally {
       span.end();
     }

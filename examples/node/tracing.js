@@ -1,5 +1,6 @@
 // OpenTelemetry for the producer, loaded before it: `node --import ./tracing.js produce.js ...`.
-// With OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) set, spans go to that collector
+// With OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) set and OTEL_SDK_DISABLED not
+// `true` (darkroom's own rule), spans go to that collector
 // over OTLP/HTTP protobuf, W3C trace context is the propagator, and produce.js's
 // `darkroom.produce` span becomes the parent of darkroom's spans of the photo.
 import { BatchSpanProcessor, NodeTracerProvider } from "@opentelemetry/sdk-trace-node";
@@ -7,7 +8,8 @@ import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-proto";
 import { defaultResource, detectResources, envDetector } from "@opentelemetry/resources";
 
 const env = process.env;
-if (env.OTEL_EXPORTER_OTLP_ENDPOINT || env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) {
+const endpoint = env.OTEL_EXPORTER_OTLP_ENDPOINT || env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT;
+if (endpoint && env.OTEL_SDK_DISABLED?.trim().toLowerCase() !== "true") {
   const provider = new NodeTracerProvider({
     // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES name the producer
     resource: defaultResource().merge(detectResources({ detectors: [envDetector] })),
