@@ -50,19 +50,13 @@ def grace_s(environ: Mapping[str, str] = os.environ) -> float:
     """From the standard variables, as the SDK reads them: the batch delay in milliseconds,
     the exporter's timeout in seconds. 24 s with the SDK's defaults (5 s, and darkroom's
     3 s export timeout)."""
-    delay_s = _number(environ, ("OTEL_BSP_SCHEDULE_DELAY",), 5000.0) / 1000
+    try:
+        delay_s = float(environ.get("OTEL_BSP_SCHEDULE_DELAY", "5000")) / 1000
+    except ValueError:
+        delay_s = 5.0
+    if not (math.isfinite(delay_s) and delay_s >= 0):
+        delay_s = 5.0
     return max(MIN_GRACE_S, GRACE_FACTOR * (delay_s + tracing.export_timeout_s(environ)))
-
-
-def _number(environ: Mapping[str, str], names: tuple[str, ...], default: float) -> float:
-    for name in names:
-        try:
-            value = float(environ.get(name, ""))
-        except ValueError:
-            continue
-        if math.isfinite(value) and value >= 0:
-            return value
-    return default
 
 
 @dataclass

@@ -27,19 +27,27 @@ def worker_died(died: Died, stream: str, group: str, photo_id: str) -> None:
     the photo's trace, from the claim that started it to now, `worker_died`. A photo without a
     trace context left no trace to join (that delivery's span was a trace of its own).
     Never raises: the claim it follows is committed, and a span is not worth the photo."""
-    if not tracing.on():
-        return
+    if tracing.on():
+        _never_raising("dead delivery's span not written", photo_id, _write_died, died, stream,
+                       group, photo_id)  # fmt: skip
+
+
+def _never_raising(failed: str, photo_id: str, write: Any, *args: Any) -> Any:
+    """`write(*args)`, or None with a warning: the SDK's failures are many and not ours, and
+    a span is not worth the delivery that writes it."""
     try:
-        _write_died(died, stream, group, photo_id)
-    except Exception as exc:  # the SDK's failures are many and not ours
-        structlog.get_logger("darkroom.tracing").warning(
-            "dead delivery's span not written", photo_id=photo_id, error=repr(exc)
-        )
+        return write(*args)
+    except Exception as exc:
+        structlog.get_logger("darkroom.tracing").warning(failed, photo_id=photo_id,
+                                                         error=repr(exc))  # fmt: skip
+        return None
 
 
 def _write_died(died: Died, stream: str, group: str, photo_id: str) -> None:
     start_ns = int(died.started_at.timestamp() * 1e9)
-    attributes = _died_attributes(died, stream, group, photo_id)
+    attributes = _attributes(stream, group, died.entry_id, died.lane, photo_id, died.tenant,
+                             WorkerDiedError.code)  # fmt: skip
+    attributes |= {"darkroom.attempt": died.attempt, "darkroom.claim": "claimed"}
     message = "the worker died before this delivery ended; written at its reclaim"
     _write_process(died.span_id, died.traceparent, attributes, start_ns, time.time_ns(),
                    (WorkerDiedError.code, message))  # fmt: skip
@@ -54,12 +62,11 @@ def _write_process(
     no span id)."""
     tracer = tracing.tracer()
     assert tracer is not None  # the callers looked
-    from opentelemetry import trace
     from opentelemetry.trace import SpanKind
 
     parent = tracing.propagator().extract({"traceparent": traceparent or ""})
     span_id = _span_id(stored_id)
-    if span_id is None or not trace.get_current_span(parent).get_span_context().is_valid:
+    if span_id is None or not tracing.has_context(parent):
         return None
     with tracing.preset(span_id):
         written = tracer.start_span("darkroom.process", context=parent, kind=SpanKind.CONSUMER,
@@ -83,18 +90,20 @@ def written_late(unsent: Unsent, stream: str, group: str) -> bool:
     failed (logged)."""
     if not tracing.on():
         return False
-    try:
-        written = _write_process(unsent.span_id, unsent.traceparent,
-                                 _late_attributes(unsent, stream, group), *_late_times(unsent),
-                                 _late_error(unsent))  # fmt: skip
-        if written is not None and unsent.outcome == "published":
-            _write_publish(written, unsent)
-        return written is not None
-    except Exception as exc:  # the SDK's failures are many and not ours
-        structlog.get_logger("darkroom.tracing").warning(
-            "late span not written", photo_id=str(unsent.photo_id), error=repr(exc)
-        )
-        return False
+    written = _never_raising("late span not written", str(unsent.photo_id), _write_late,
+                             unsent, stream, group)  # fmt: skip
+    return bool(written)
+
+
+def _write_late(unsent: Unsent, stream: str, group: str) -> bool:
+    outcome = WorkerDiedError.code if unsent.ended_at is None else unsent.outcome
+    attributes = _attributes(stream, group, unsent.entry_id, unsent.lane, str(unsent.photo_id),
+                             unsent.tenant, outcome) | {"darkroom.late": True}  # fmt: skip
+    written = _write_process(unsent.span_id, unsent.traceparent, attributes,
+                             *_late_times(unsent), _late_error(unsent))  # fmt: skip
+    if written is not None and unsent.outcome == "published":
+        _write_publish(written, unsent)
+    return written is not None
 
 
 def _write_publish(process: Any, unsent: Unsent) -> None:
@@ -125,16 +134,17 @@ def _late_error(unsent: Unsent) -> tuple[str, str] | None:
     return unsent.error_code, unsent.error or ""
 
 
-def _late_attributes(unsent: Unsent, stream: str, group: str) -> dict[str, Any]:
-    outcome = WorkerDiedError.code if unsent.ended_at is None else unsent.outcome
-    attributes = tracing.messaging(stream, group, unsent.entry_id) | {
-        "darkroom.lane": unsent.lane,
-        "darkroom.photo_id": str(unsent.photo_id),
+def _attributes(
+    stream: str, group: str, entry_id: str, lane: str, photo_id: str, tenant: str, outcome: str
+) -> dict[str, Any]:
+    """The live span's, but what its delivery took along (its delivery count)."""
+    attributes = tracing.messaging(stream, group, entry_id) | {
+        "darkroom.lane": lane,
+        "darkroom.photo_id": photo_id,
         "darkroom.outcome": outcome,
-        "darkroom.late": True,
     }
-    if unsent.lane == "bulk" and unsent.tenant:
-        attributes["darkroom.tenant"] = unsent.tenant
+    if lane == "bulk" and tenant:
+        attributes["darkroom.tenant"] = tenant
     return attributes
 
 
@@ -145,17 +155,3 @@ def _span_id(stored: str) -> int | None:
     except ValueError:
         return None
     return span_id or None
-
-
-def _died_attributes(died: Died, stream: str, group: str, photo_id: str) -> dict[str, Any]:
-    """The live span's, but what died with the worker (its delivery count, its outcome)."""
-    attributes = tracing.messaging(stream, group, died.entry_id) | {
-        "darkroom.lane": died.lane,
-        "darkroom.photo_id": photo_id,
-        "darkroom.attempt": died.attempt,
-        "darkroom.claim": "claimed",
-        "darkroom.outcome": WorkerDiedError.code,
-    }
-    if died.lane == "bulk" and died.tenant:
-        attributes["darkroom.tenant"] = died.tenant
-    return attributes

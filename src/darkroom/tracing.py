@@ -174,7 +174,7 @@ def export_timeout_s(environ: Mapping[str, str] = os.environ) -> float:
     """The exporter's timeout: OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT, which this SDK reads in
     seconds (the specification says milliseconds; the SDK's own default is `10`), else
     darkroom's EXPORT_TIMEOUT_S."""
-    for name in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+    for name in _TIMEOUT_VARIABLES:
         try:
             value = float(environ.get(name, ""))
         except ValueError:
@@ -184,11 +184,11 @@ def export_timeout_s(environ: Mapping[str, str] = os.environ) -> float:
     return EXPORT_TIMEOUT_S
 
 
+_TIMEOUT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+
+
 def _timeout_set() -> bool:
-    return any(
-        name in os.environ
-        for name in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
-    )
+    return any(name in os.environ for name in _TIMEOUT_VARIABLES)
 
 
 def propagator() -> Any:
@@ -239,7 +239,7 @@ def delivery(entry: Entry, deliveries: int, stream: str, group: str) -> Iterator
         record_exception=False, set_status_on_exception=False,
     ) as current:  # fmt: skip
         token = _delivery.set(current)
-        joined = _joined.set(current.is_recording() and _has_context(parent))
+        joined = _joined.set(current.is_recording() and has_context(parent))
         try:
             if deliveries == 1:  # a later one's wait would count the earlier attempts
                 waited = _tracer.start_span("darkroom.queue_wait", start_time=_id_ns(entry))
@@ -250,7 +250,8 @@ def delivery(entry: Entry, deliveries: int, stream: str, group: str) -> Iterator
             _delivery.reset(token)
 
 
-def _has_context(parent: Any) -> bool:
+def has_context(parent: Any) -> bool:
+    """Whether an extracted context names a span to join."""
     from opentelemetry import trace
 
     return bool(trace.get_current_span(parent).get_span_context().is_valid)

@@ -77,8 +77,8 @@ def _raw_mb(data: bytes, fmt: str) -> int:
     """A RAW renders from its preview (a JPEG of the preview's size) when that covers
     RAW_EDGE, else from its sensor data through LibRaw, at half size when that covers it."""
     try:
-        found = raw.preview(data, fmt, RAW_EDGE, 2**62, decoder=True)
-        return _mb(found.width * found.height / 1e6, "jpeg")
+        width, height = raw.preview_size(data, fmt, RAW_EDGE, 2**62, decoder=True)
+        return _mb(width * height / 1e6, "jpeg")
     except UnsupportedFormatError:
         sensor = raw.sensor_size(data)
     if sensor is None:

@@ -87,19 +87,34 @@ def preview(data: bytes, fmt: str, needed_edge: int, max_pixels: int, decoder: b
     """The largest embedded JPEG preview, after the pixel budget over every image the file
     declares; `unsupported_format` when none covers `needed_edge` (or the sensor, when
     shorter) and a `decoder` can do better, or, without one, when none is USABLE_EDGE long."""
+    jpeg, width, height, orientation = _chosen(data, fmt, needed_edge, max_pixels, decoder)
+    if fmt == "raf":  # its preview carries the camera's EXIF, orientation included
+        return Preview(jpeg, width, height, None)
+    return Preview(_oriented(jpeg, orientation), width, height, exif_of(data))
+
+
+def preview_size(
+    data: bytes, fmt: str, needed_edge: int, max_pixels: int, decoder: bool
+) -> tuple[int, int]:
+    """The size `preview` would hand back, without building it (the budget's estimate)."""
+    return _chosen(data, fmt, needed_edge, max_pixels, decoder)[1:3]
+
+
+def _chosen(
+    data: bytes, fmt: str, needed_edge: int, max_pixels: int, decoder: bool
+) -> tuple[bytes, int, int, int]:
+    """The preview `preview` takes, its size and the RAW's orientation."""
     if fmt == "cr3":
         raise UnsupportedFormatError("CR3: embedded previews are not read, and no RAW decoder")
     floor = needed_edge if decoder else USABLE_EDGE
     if fmt == "raf":
-        return _raf(data, min(needed_edge, floor), max_pixels)
-    tiff = _Tiff(data)
-    images, previews, orientation = tiff.walk()
+        return (*_raf(data, min(needed_edge, floor), max_pixels), 1)
+    images, previews, orientation = _Tiff(data).walk()
     for width, height in images:  # never decoded here: only a forged size is refused
         _check_pixels(width, height, max_pixels * DECLARED_FACTOR)
     sensor_edge = max((max(w, h) for w, h in images), default=0)
     edge = min(needed_edge, sensor_edge or needed_edge, floor)
-    jpeg, width, height = _covering(_largest(data, previews, max_pixels), edge)
-    return Preview(_oriented(jpeg, orientation), width, height, exif_of(data))
+    return (*_covering(_largest(data, previews, max_pixels), edge), orientation)
 
 
 def sensor_size(data: bytes) -> tuple[int, int] | None:
@@ -142,13 +157,12 @@ def _raf_exif(data: bytes) -> bytes | None:
     return None
 
 
-def _raf(data: bytes, edge: int, max_pixels: int) -> Preview:
+def _raf(data: bytes, edge: int, max_pixels: int) -> tuple[bytes, int, int]:
     """RAF: a fixed header whose offset 84 names the JPEG preview (with its own EXIF)."""
     if len(data) < 92:
         raise CorruptImageError("RAF header truncated")
     offset, length = struct.unpack(">II", data[84:92])
-    jpeg, width, height = _covering(_largest(data, [(offset, length)], max_pixels), edge)
-    return Preview(jpeg, width, height, None)
+    return _covering(_largest(data, [(offset, length)], max_pixels), edge)
 
 
 def _largest(
