@@ -22,6 +22,15 @@ SELECT p.id, p.processing_state, j.type, j.state, j.lease_token
 FROM photos p LEFT JOIN photo_jobs j ON j.photo_id = p.id ORDER BY p.id, j.type
 """
 JOBS_SQL = "SELECT photo_id, state, lease_token FROM photo_jobs WHERE type = 'process'"
+# The rows whose spans no exporter confirmed, and whether a later delivery took the job since
+# (a later row that is not one that found it busy, done or erased).
+UNCONFIRMED_SQL = """
+SELECT a.id, a.consumer, a.entry_id, a.ended_at, EXISTS (
+    SELECT 1 FROM photo_attempts b
+    WHERE b.photo_id = a.photo_id AND b.started_at > a.started_at
+      AND b.outcome NOT IN ('busy', 'already', 'skipped')) AS superseded
+FROM photo_attempts a WHERE a.span_id IS NOT NULL AND NOT a.span_sent
+"""
 
 
 class LateSpanRules:
@@ -80,8 +89,10 @@ class LateSpanRules:
     @rule()
     def late_pass(self) -> None:
         """A late writer's pass with no grace: what it takes, it writes and settles."""
-        taken, holding, before, after = self._do(self._late_pass())
+        taken, holding, due, before, after = self._do(self._late_pass())
         note(f"late pass: {len(taken)} rows")
+        missed = due - {row["id"] for row in taken}
+        assert not missed, f"late pass left rows {sorted(missed)} whose spans are due"
         for row in taken:
             assert row["id"] not in self.late_taken, f"settled row {row['id']} taken again"
             self.late_taken.add(row["id"])
@@ -94,11 +105,20 @@ class LateSpanRules:
             )
         assert before == after, f"a late pass moved a photo's or job's state: {before} -> {after}"
 
-    async def _late_pass(self) -> tuple[list[Any], dict[tuple[str, str], Run], Any, Any]:
+    async def _late_pass(self) -> tuple[list[Any], dict[tuple[str, str], Run], set[int], Any, Any]:
         pool = self.rig.pool
         before = [tuple(r) for r in await pool.fetch(STATES_SQL)]
         jobs = {r["photo_id"]: r for r in await pool.fetch(JOBS_SQL)}
         holding = self._holding(jobs)
+        # due with no grace: a delivery that ended, or one that never did, whose job a later
+        # delivery took, and that no live delivery of its consumer and entry holds (a worker
+        # restarted under its name, reading its own entry again: the job names both)
+        due = {
+            r["id"]
+            for r in await pool.fetch(UNCONFIRMED_SQL)
+            if r["ended_at"] is not None
+            or (r["superseded"] and (r["consumer"], r["entry_id"]) not in holding)
+        }
         async with spans.unsent(pool, 0, 200) as batch:
             ids = [r.row_id for r in batch.rows]
             # the rows as the pass locked them: `running` or ended, and whose delivery
@@ -109,4 +129,4 @@ class LateSpanRules:
             )
             await batch.settle(batch.rows)
         after = [tuple(r) for r in await pool.fetch(STATES_SQL)]
-        return list(taken), holding, before, after
+        return list(taken), holding, due, before, after
