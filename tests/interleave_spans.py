@@ -34,7 +34,7 @@ FROM photo_attempts a WHERE a.span_id IS NOT NULL AND NOT a.span_sent
 
 
 class LateSpanRules:
-    """Mixed into the machine: `late_pass` is a late writer's pass; `lapsed` hears from the
+    """Mixed into the machine: `late_pass` is a late writer's pass; `lapse` hears from the
     machine's `time passes` which claims lost their lease (no heartbeat renewed it)."""
 
     rig: Rig
@@ -98,6 +98,9 @@ class LateSpanRules:
             self.late_taken.add(row["id"])
             if row["ended_at"] is not None:
                 continue
+            # a `running` row whose job names its consumer and entry under a live lease: its
+            # delivery's own span is still to come (or, its worker restarted under that name
+            # and reading its entry again, the new delivery's claim will answer it)
             held = holding.get((row["consumer"], row["entry_id"]))
             assert held is None, (
                 f"late pass took running row {row['id']} ({row['consumer']}:{row['entry_id']}"
@@ -121,7 +124,8 @@ class LateSpanRules:
         }
         async with spans.unsent(pool, 0, 200) as batch:
             ids = [r.row_id for r in batch.rows]
-            # the rows as the pass locked them: `running` or ended, and whose delivery
+            # the rows as the pass locked them: `running` or ended, and whose delivery (its
+            # consumer and entry, as the job names it)
             taken = await batch.conn.fetch(
                 "SELECT id, photo_id, entry_id, consumer, ended_at FROM photo_attempts"
                 " WHERE id = ANY($1::bigint[]) ORDER BY id",
