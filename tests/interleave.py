@@ -9,6 +9,7 @@ import asyncio
 import contextvars
 import hashlib
 import itertools
+import secrets
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import asyncpg
 import pytest
 import redis.asyncio
 
+from darkroom import tracing
 from darkroom.errors import (
     CorruptImageError,
     DarkroomError,
@@ -344,7 +346,11 @@ def redis_checkpointed(call: str, real: Callable[..., Awaitable[Any]]) -> Any:
 
 def install(monkeypatch: pytest.MonkeyPatch) -> None:
     """Checkpoints on every call of a job to PostgreSQL and Redis (storage and render
-    have theirs in WatchedStorage and StandInRenderer); outside a run they pass through."""
+    have theirs in WatchedStorage and StandInRenderer); outside a run they pass through.
+    Every delivery is traced: its claim (and a row written whole at its end) keeps a span
+    id of its own, as a traced worker's in a sampled trace, for the late writer's pass
+    (tests/interleave_spans.py); no span is exported (tracing stays off)."""
+    monkeypatch.setattr(tracing, "delivery_span_id", lambda: secrets.token_hex(8))
     for call, module in CHECKPOINTED.items():
         monkeypatch.setattr(module, call, checkpointed(call, getattr(module, call)))
     for call in ("ack", "dead_letter", "backoff"):

@@ -55,6 +55,7 @@ from tests.interleave_bulk_erase import BulkEraseRules
 from tests.interleave_erase import EraseRules
 from tests.interleave_limits import LimitRules
 from tests.interleave_pause import PauseRules
+from tests.interleave_spans import LateSpanRules
 from tests.interleave_upgrade import RENDITIONS, UpgradeRules
 
 # `make test` runs this many schedules (about 3 minutes on 2 cores), `make chaos` ten times
@@ -77,6 +78,7 @@ SHM = Path("/dev/shm")  # storage fsyncs every put: on tmpfs that costs nothing
 
 
 class Interleavings(
+    LateSpanRules,
     AuditRules,
     BulkEraseRules,
     BulkRules,
@@ -301,6 +303,7 @@ class Interleavings(
         live = [(w.jobs.holder, c.photo_id) for w in self.hands if w.live
                 for c in w.jobs.in_flight.young_claims() if c.outcome == "claimed"]  # fmt: skip
         await self.rig.pool.execute(EXPIRE_SQL, [h for h, _ in live], [p for _, p in live])
+        self.lapse(set(live))
         young = {(w.name, i) for w in self.hands if w.live
                  for i in w.jobs.in_flight.heartbeat_ids()}  # fmt: skip
         for view in self.op.lanes():
