@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e import PR_SET_CHILD_SUBREAPER, Rig, Run, large_jpegs, tiny_pngs
+from pairs import side_by_side
 from report import ROOT, machine, write_section
 
 sys.path.insert(0, str(ROOT))
@@ -82,6 +83,39 @@ def off_on(
             print(f"  {mode}: {run.cpu_ms / run.photos:.1f} CPU ms/photo, {run.per_s:.1f}/s, "
                   f"{exports} exports, {kb:.1f} KiB/photo", file=sys.stderr)  # fmt: skip
     return runs
+
+
+def paired(rig: Rig, paths: list[Path], rounds: int, got: Receiver, short: int) -> list[str]:
+    """Off and on drain side by side (pairs.py), first the `short` photos, then all, each
+    round; a control pair of two off workers beside them. Per round: the on worker's CPU per
+    photo beyond its short drain against the off worker's (the steady state), and the
+    control's; the rows give the median and every round's figure."""
+    settings = {"off": {}, "on": traced(got.endpoint)}
+    steady: dict[str, list[float]] = {"on": [], "control": []}
+    whole: dict[str, list[float]] = {"on": [], "control": []}
+    for i in range(rounds):
+        for name, modes in (("on", ("off", "on")), ("control", ("off", "off"))):
+            first, second = modes if i % 2 == 0 else modes[::-1]
+            drains = [side_by_side(rig, p, settings[first], settings[second])
+                      for p in (paths[:short], paths)]  # fmt: skip
+            base, other = (0, 1) if i % 2 == 0 else (1, 0)  # the off worker, the other
+            beyond = [(drains[1][k].cpu_ms - drains[0][k].cpu_ms) / (len(paths) - short)
+                      for k in (base, other)]  # fmt: skip
+            steady[name].append(100 * (beyond[1] - beyond[0]) / beyond[0])
+            full = [drains[1][k].cpu_ms_per_photo for k in (base, other)]
+            whole[name].append(100 * (full[1] - full[0]) / full[0])
+            print(f"  round {i + 1} {name}: steady {beyond[0]:.2f} / {beyond[1]:.2f} ms, whole "
+                  f"{full[0]:.2f} / {full[1]:.2f} ms", file=sys.stderr)  # fmt: skip
+    return [_paired_row(f"steady state (photos {short + 1}–{len(paths)})", steady),
+            _paired_row("whole drains", whole)]  # fmt: skip
+
+
+def _paired_row(name: str, changes: dict[str, list[float]]) -> str:
+    rounds = {k: ", ".join(f"{c:+.1f}" for c in v) for k, v in changes.items()}
+    return (
+        f"| {name} | **{statistics.median(changes['on']):+.1f} %** ({rounds['on']}) "
+        f"| {statistics.median(changes['control']):+.1f} % ({rounds['control']}) |"
+    )
 
 
 def cpu_per_photo(runs: list[Run]) -> float:
@@ -160,6 +194,7 @@ def on_path_us() -> tuple[float, float]:
     to memory (no export thread to count or miss). Tracing's switch is set by hand: `start`
     would install the batch exporter this measure leaves out."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -167,13 +202,14 @@ def on_path_us() -> tuple[float, float]:
     from darkroom import tracing
 
     memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracing._tracer = provider.get_tracer("darkroom")
+    provider = TracerProvider(resource=tracing._hashed(Resource.create()))
+    processor = SimpleSpanProcessor(memory)
+    provider.add_span_processor(processor)
+    tracing.use(provider, processor)
     try:
         made = per_delivery_us(one_delivery(), runs=2_000)
     finally:
-        tracing._tracer = None
+        tracing.use(None, None)
     spans = memory.get_finished_spans()[-15:]  # one delivery's
     encoded = per_delivery_us(lambda: encode_spans(spans).SerializeToString(), runs=2_000)
     return made, encoded
@@ -202,7 +238,17 @@ def sdk_imported_off(rig: TracingRig, paths: list[Path]) -> list[str]:
     return sorted({n for n in names if n.startswith(SDK_MODULES)})
 
 
-def report(results: dict[str, dict[str, list[Run]]], rounds: int, extra: list[str]) -> str:
+def whole_path_us() -> float:
+    """bench/tracing_path.py's figure, in a process of its own."""
+    script = Path(__file__).with_name("tracing_path.py")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            check=True)  # fmt: skip
+    return float(result.stdout.split()[-1])
+
+
+def report(
+    results: dict[str, dict[str, list[Run]]], rounds: int, extra: list[str], pairs: list[str]
+) -> str:
     lines = [
         "## Tracing cost (bench/tracing.py)",
         "",
@@ -224,6 +270,19 @@ def report(results: dict[str, dict[str, list[Run]]], rounds: int, extra: list[st
     ]
     lines += [row(name, runs) for name, runs in results.items()]
     lines += [steady_row(name, runs) for name, runs in results.items() if runs["off short"]]
+    if pairs:
+        lines += [
+            "",
+            "Side by side (bench/pairs.py): in each round an off worker and an on worker drain "
+            "the same tiny PNGs at the same time from two streams, each one's CPU counted "
+            "apart, first the short drain, then the whole one; a control pair of two off "
+            "workers beside them. The change is the on worker's CPU per photo against the off "
+            "one's of the same round; the control's is the noise that sharing a moment leaves.",
+            "",
+            "| tiny 64×48 PNGs | on against off, median (each round) | control: off against off |",
+            "|---|---:|---:|",
+            *pairs,
+        ]
     return "\n".join([*lines, ""])
 
 
@@ -234,6 +293,9 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=24, help="large JPEGs per drain")
     parser.add_argument("--rounds", type=int, default=4, help="drains per mode and workload")
     parser.add_argument("--note", default="", help="a line for the report (e.g. a smoke run)")
+    parser.add_argument(
+        "--pairs", type=int, default=4, help="rounds of tiny drains side by side (0: none)"
+    )
     parser.add_argument(
         "--short",
         type=int,
@@ -255,12 +317,15 @@ def main() -> None:
             print(label, file=sys.stderr)
             short = args.short if label.startswith("tiny") else 0
             results[label] = off_on(rig, paths, args.rounds, got, short)
-        imported = sdk_imported_off(rig, inputs["tiny 64×48 PNG"][:5])
+        tiny = inputs["tiny 64×48 PNG"]
+        pairs = paired(rig, tiny, args.pairs, got, args.short) if args.pairs else []
+        imported = sdk_imported_off(rig, tiny[:5])
     if got.exports == 0:
         raise SystemExit("the traced workers exported nothing: tracing did not start")
     tiny_off = cpu_per_photo(results["tiny 64×48 PNG"]["off"])
     us = off_path_us()
     made, encoded = on_path_us()
+    whole = whole_path_us()
     extra = [
         f"off against no tracing at all: a delivery's no-op calls into the adapter take "
         f"{us:.1f} µs of CPU ({100 * us / 1000 / tiny_off:.3f} % of a tiny photo's "
@@ -269,10 +334,12 @@ def main() -> None:
         f"at 100 %, in-process: a tiny photo's delivery's 15 spans take {made:.0f} µs of CPU to "
         f"make and {encoded:.0f} µs to encode as OTLP protobuf "
         f"({100 * (made + encoded) / 1000 / tiny_off:.1f} % of its {tiny_off:.1f} ms; the HTTP "
-        f"round trip per batch and the start-up imports aside)",
+        f"round trip per batch and the start-up imports aside); the whole path in-process "
+        f"(bench/tracing_path.py: made, batched, encoded, POSTed, confirmed, the export "
+        f"thread's CPU included) {whole:.0f} µs ({100 * whole / 1000 / tiny_off:.1f} %)",
         f"on exported {got.exports} batches, {got.export_bytes / 1024:.0f} KiB of protobuf",
     ]
-    body = report(results, args.rounds, extra + ([args.note] if args.note else []))
+    body = report(results, args.rounds, extra + ([args.note] if args.note else []), pairs)
     print(body)
     if args.out:
         write_section(args.out, "tracing", body)

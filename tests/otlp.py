@@ -78,6 +78,8 @@ def serving(keep: bool = True) -> Iterator[Receiver]:
     got, lock = Receiver(), threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as a collector serves: one connection
+
         def do_POST(self) -> None:
             body = self._body()
             if self.headers.get("Content-Encoding") == "gzip":

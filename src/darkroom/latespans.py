@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import anyio
 import structlog
 
-from darkroom import spanwriter, tracing
+from darkroom import confirmations, spanwriter, tracing
 from darkroom.errors import DarkroomError
 from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.streams import Streams
@@ -75,11 +75,11 @@ class LateSpans:
         if not tracing.on():
             return
         loop, confirmed = asyncio.get_running_loop(), asyncio.Event()
-        tracing.when_confirmed(lambda: _wake(loop, confirmed))
+        confirmations.when_confirmed(lambda: _wake(loop, confirmed))
         try:
             await self._loop(confirmed)
         finally:
-            tracing.when_confirmed(None)  # the exit's flush runs after the loop closed
+            confirmations.when_confirmed(None)  # the exit's flush runs after the loop closed
 
     async def _loop(self, confirmed: asyncio.Event) -> None:
         next_late = time.monotonic() + self.grace_s
@@ -121,11 +121,11 @@ class LateSpans:
     async def confirm(self) -> None:
         """Record what the exporter delivered; given back should the database be away."""
         async with self._confirming:
-            pairs = tracing.confirmed()
+            pairs = confirmations.confirmed()
             try:
                 await spans.sent(self.pool, _parsed(pairs))
             except BaseException:
-                tracing.unconfirmed(pairs)
+                confirmations.unconfirmed(pairs)
                 raise
 
     async def write_late(self) -> tuple[int, bool]:
@@ -138,9 +138,9 @@ class LateSpans:
             written = [r for r in batch.rows if self._written(r)]
             exported = not written or await anyio.to_thread.run_sync(tracing.flush)
             # only this batch's rows here; the rest of the report goes back to `confirm`
-            delivered = set(tracing.confirmed())
+            delivered = set(confirmations.confirmed())
             ours = {(str(r.photo_id), r.span_id) for r in written} & delivered
-            tracing.unconfirmed(delivered - ours)
+            confirmations.unconfirmed(delivered - ours)
             await batch.settle(
                 r for r in batch.rows if r not in written or (str(r.photo_id), r.span_id) in ours
             )

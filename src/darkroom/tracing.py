@@ -6,15 +6,14 @@ module is imported. Nothing below the orchestration imports this module (the lay
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import contextvars
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
-from darkroom import metrics
+from darkroom import confirmations, metrics, stagespans
 from darkroom.queue.messages import TRACE_FIELDS, Entry, enqueued_ms, trace_fields
 
 # The SDK's tracer once `start` installed it; None: tracing is off.
@@ -35,13 +34,6 @@ _preset_span_id: contextvars.ContextVar[int | None] = contextvars.ContextVar(
 # sampler kept it): only then is its id kept on the attempt row, for a span written for it
 # later to have a trace to join.
 _joined: contextvars.ContextVar[bool] = contextvars.ContextVar("darkroom_joined", default=False)
-# (photo id, span id) of each `darkroom.process` span an export delivered: appended by the
-# batch processor's thread, drained by the event loop (latespans.py) into the attempt rows.
-# A deque's append and popleft are atomic; bounded, should the database be away for long.
-_confirmed: collections.deque[tuple[str, str]] = collections.deque(maxlen=100_000)
-# Called by the export thread after each confirmed batch (latespans.py wakes its loop with
-# it): the sooner the rows learn it, the narrower a kill's window to make a late copy.
-_on_confirmed: list[Callable[[], object]] = []
 
 
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:
@@ -74,7 +66,6 @@ def preset(span_id: int) -> Iterator[None]:
 def start() -> bool:
     """Install the SDK when `wanted`: the sampler from OTEL_TRACES_SAMPLER (parent-based by
     default), spans batched (OTEL_BSP_*) to OTLP over HTTP/protobuf, flushed at exit. True if on."""
-    global _tracer
     if _tracer is not None or not wanted():
         return on()
     from opentelemetry import trace
@@ -87,14 +78,47 @@ def start() -> bool:
     named = "OTEL_SERVICE_NAME" in os.environ or "service.name=" in os.environ.get(
         "OTEL_RESOURCE_ATTRIBUTES", ""
     )
-    resource = Resource.create({} if named else {"service.name": "darkroom"})
+    resource = _hashed(Resource.create({} if named else {"service.name": "darkroom"}))
     provider = TracerProvider(resource=resource, id_generator=_preset_ids())
     exporter = OTLPSpanExporter(timeout=None if _timeout_set() else EXPORT_TIMEOUT_S)
-    provider.add_span_processor(BatchSpanProcessor(_confirming(exporter)))
+    processor = BatchSpanProcessor(confirmations.confirming(exporter))
+    provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
-    _tracer = trace.get_tracer("darkroom")
+    use(provider, processor)
     metrics.exemplars_from(exemplar)
     return True
+
+
+def use(provider: Any, processor: Any) -> None:
+    """Trace with `provider`, whose `processor` the stages' spans go to as its tracer's do
+    (`start`'s, or a bench's in memory); None: off."""
+    global _tracer
+    _tracer = None if provider is None else provider.get_tracer("darkroom")
+    if provider is None:
+        stagespans.install(None)
+    else:
+        stagespans.install(processor, provider.resource, _scope(), provider.id_generator)
+
+
+def _hashed(resource: Any) -> Any:
+    """The resource, its hash kept: the exporter groups each batch's spans by resource, and
+    the SDK's `Resource.__hash__` dumps every attribute as JSON on each call, once per span
+    (70 µs of a tiny photo's 15 spans)."""
+    from opentelemetry.sdk.resources import Resource
+
+    class Hashed(Resource):
+        def __hash__(self) -> int:
+            return kept
+
+    kept = hash(resource)
+    return Hashed(resource.attributes, resource.schema_url)
+
+
+def _scope() -> Any:
+    """The instrumentation scope `get_tracer("darkroom")` gives its spans, for the stages'."""
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    return InstrumentationScope("darkroom", "")  # get_tracer's version when none is given
 
 
 def _preset_ids() -> Any:
@@ -108,55 +132,6 @@ def _preset_ids() -> Any:
             return super().generate_span_id() if preset is None else preset
 
     return PresetIds()
-
-
-def _confirming(exporter: Any) -> Any:
-    """The exporter, reporting each `darkroom.process` span of a batch it delivered."""
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-    class Confirming(SpanExporter):
-        def export(self, spans: Any) -> Any:
-            result = exporter.export(spans)
-            if result is SpanExportResult.SUCCESS:
-                _confirmed.extend(_process_ids(spans))
-                for wake in _on_confirmed:
-                    wake()
-            return result
-
-        def shutdown(self) -> None:
-            exporter.shutdown()
-
-        def force_flush(self, timeout_millis: int = 30_000) -> bool:
-            return bool(exporter.force_flush(timeout_millis))
-
-    return Confirming()
-
-
-def _process_ids(spans: Iterable[Any]) -> Iterator[tuple[str, str]]:
-    for done in spans:
-        photo = (done.attributes or {}).get("darkroom.photo_id")
-        if done.name == "darkroom.process" and photo:
-            yield str(photo), format(done.context.span_id, "016x")
-
-
-def confirmed() -> list[tuple[str, str]]:
-    """The (photo id, span id) of the delivery spans exported since the last call."""
-    out = []
-    with contextlib.suppress(IndexError):  # emptied meanwhile
-        while _confirmed:
-            out.append(_confirmed.popleft())
-    return out
-
-
-def when_confirmed(wake: Callable[[], object] | None) -> None:
-    """Have `wake` called (from the export thread) after each export that confirmed spans;
-    None: no more."""
-    _on_confirmed[:] = [wake] if wake is not None else []
-
-
-def unconfirmed(pairs: Iterable[tuple[str, str]]) -> None:
-    """Give back what `confirmed` returned and could not be recorded (the database was away)."""
-    _confirmed.extendleft(pairs)
 
 
 def flush() -> bool:
@@ -198,12 +173,16 @@ def propagator() -> Any:
 
 
 def injected() -> dict[str, str]:
-    """The current span's context as W3C fields (traceparent, tracestate); {} when off or
-    outside any span."""
+    """The current stage's or span's context as W3C fields (traceparent, tracestate); {} when
+    off or outside any span."""
     if _tracer is None:
         return {}
+    from opentelemetry.trace import NonRecordingSpan, set_span_in_context
+
     carrier: dict[str, str] = {}
-    propagator().inject(carrier)
+    stage = stagespans.current.get()
+    within = None if stage is None else set_span_in_context(NonRecordingSpan(stage.context))
+    propagator().inject(carrier, context=within)
     return {k: v for k, v in carrier.items() if k in TRACE_FIELDS}
 
 
@@ -241,9 +220,10 @@ def delivery(entry: Entry, deliveries: int, stream: str, group: str) -> Iterator
         token = _delivery.set(current)
         joined = _joined.set(current.is_recording() and has_context(parent))
         try:
-            if deliveries == 1:  # a later one's wait would count the earlier attempts
-                waited = _tracer.start_span("darkroom.queue_wait", start_time=_id_ns(entry))
-                waited.end(end_time=max(now_ns, _id_ns(entry)))
+            # a later delivery's wait would count the earlier attempts
+            if deliveries == 1 and current.is_recording():
+                stagespans.made("darkroom.queue_wait", current.get_span_context(),
+                                _id_ns(entry), now_ns)  # fmt: skip
             yield
         finally:
             _joined.reset(joined)
@@ -297,30 +277,58 @@ def _id_ns(entry: Entry) -> int:
 @contextlib.contextmanager
 def span(name: str) -> Iterator[None]:
     """A stage of the current delivery (claim, download, render, upload, publish, ack): a
-    child span; an error leaving it is recorded with its stable code."""
-    if _tracer is None:
+    child span (stagespans.py), the current stage meanwhile; an error leaving it is recorded
+    with its stable code. Outside a recording span: nothing."""
+    parent = _recording_context()
+    if parent is None:
         yield
         return
-    with _tracer.start_as_current_span(
-        f"darkroom.{name}", record_exception=False, set_status_on_exception=False
-    ) as current:
-        try:
-            yield
-        except Exception as exc:
-            record_error(current, getattr(exc, "code", type(exc).__name__), str(exc))
-            raise
+    stage = stagespans.begin(f"darkroom.{name}", parent)
+    token = stagespans.current.set(stage)
+    try:
+        yield
+    except Exception as exc:
+        stage.failed(getattr(exc, "code", type(exc).__name__), str(exc))
+        raise
+    finally:
+        stagespans.current.reset(token)
+        stagespans.end(stage)
+
+
+def _recording_context() -> Any:
+    """The context of the current stage, else of the current span if it records; None when
+    off or outside any (a stage there would be a trace of its own, of no photo)."""
+    if _tracer is None:
+        return None
+    stage = stagespans.current.get()
+    if stage is not None:
+        return stage.context
+    from opentelemetry import trace
+
+    current = trace.get_current_span()
+    return current.get_span_context() if current.is_recording() else None
+
+
+def _current_context() -> Any:
+    """The SpanContext an exemplar, a log line or a propagated context names: the current
+    stage's, else the current span's."""
+    stage = stagespans.current.get()
+    if stage is not None:
+        return stage.context
+    from opentelemetry import trace
+
+    return trace.get_current_span().get_span_context()
 
 
 def rendered(stages: Iterable[Any]) -> None:
     """The render process's own stages (image/stagetimes.py: decode, resize, encode...), timed
     there on the same wall clock, as children of the current span (the render's)."""
-    if _tracer is None:
+    parent = _recording_context()
+    if parent is None:
         return
     for stage in stages:
-        named = {"darkroom.rendition": stage.rendition} if stage.rendition else {}
-        done = _tracer.start_span(f"darkroom.{stage.name}", start_time=stage.start_ns,
-                                  attributes=named)  # fmt: skip
-        done.end(end_time=stage.end_ns)
+        named = {"darkroom.rendition": stage.rendition} if stage.rendition else None
+        stagespans.made(f"darkroom.{stage.name}", parent, stage.start_ns, stage.end_ns, named)
 
 
 def note(**attributes: Any) -> None:
@@ -351,9 +359,7 @@ def exemplar() -> dict[str, str] | None:
     them beside the bucket); None when off or outside a span, so off costs one check."""
     if _tracer is None:
         return None
-    from opentelemetry import trace
-
-    context = trace.get_current_span().get_span_context()
+    context = _current_context()
     if not (context.is_valid and context.trace_flags.sampled):
         return None
     ids = format(context.trace_id, "032x"), format(context.span_id, "016x")
@@ -364,9 +370,7 @@ def log_ids(logger: Any, method: str, event: MutableMapping[str, Any]) -> Mutabl
     """structlog processor: `trace_id` and `span_id` on every line logged inside a span."""
     if _tracer is None:
         return event
-    from opentelemetry import trace
-
-    context = trace.get_current_span().get_span_context()
+    context = _current_context()
     if context.is_valid:
         event.setdefault("trace_id", format(context.trace_id, "032x"))
         event.setdefault("span_id", format(context.span_id, "016x"))
