@@ -18,42 +18,50 @@ import redis
 from e2e import REDIS_URL, Rig, _done_times
 
 # Runs one worker as a child subreaper, so the worker's forkserver and render processes are
-# reaped by it, and prints the CPU seconds of that whole tree.
+# reaped by it, and prints the CPU seconds of the worker's process and of the rest of its tree.
 _COUNTED = """
-import ctypes, os, resource, subprocess, sys
+import ctypes, os, subprocess, sys
 ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
+worker = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(worker.pid, 0)
+cpu, rest = usage.ru_utime + usage.ru_stime, 0.0
 while True:
     try:
-        os.wait()
+        _, _, usage = os.wait4(-1, 0)
     except ChildProcessError:
         break
-usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(usage.ru_utime + usage.ru_stime)
-sys.exit(code)
+    rest += usage.ru_utime + usage.ru_stime
+print(cpu, rest)
+sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
 @dataclass
 class Drained:
     photos: int
-    cpu_ms: float  # the worker's, its forkserver's and its render processes'
+    worker_ms: float  # CPU of the worker's own process (its event loop and threads)
+    rest_ms: float  # of its forkserver and render processes
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.worker_ms + self.rest_ms
 
     @property
     def cpu_ms_per_photo(self) -> float:
         return self.cpu_ms / self.photos
 
 
-def side_by_side(rig: Rig, paths: list[Path], first: dict[str, str],
+def side_by_side(rigs: tuple[Rig, Rig], paths: list[Path], first: dict[str, str],
                  second: dict[str, str]) -> tuple[Drained, Drained]:  # fmt: skip
     """Both workers (`first`'s and `second`'s extra environment) drain `paths` at once, each
-    from its own stream."""
+    from its own stream of its own rig (give each rig a database of its own, or one worker
+    holds the duties, such as the events relay, for both)."""
     streams = []
-    for _ in (first, second):
+    for rig in rigs:
         rig.runs += 1
-        streams.append(f"bench-{os.getpid()}-{rig.runs}")
+        streams.append(f"bench-{os.getpid()}-{id(rig)}-{rig.runs}")
         rig.cli(streams[-1], "ingest", *map(str, paths))
-    procs = [_start(rig, name, extra) for name, extra in zip(streams, (first, second), strict=True)]
+    procs = [_start(*started) for started in zip(rigs, streams, (first, second), strict=True)]
     outs = [p.communicate() for p in procs]
     drained = []
     for proc, (out, log), stream in zip(procs, outs, streams, strict=True):
@@ -61,7 +69,8 @@ def side_by_side(rig: Rig, paths: list[Path], first: dict[str, str],
         if proc.returncode != 0 or len(done) != len(paths):
             raise SystemExit(f"worker exited {proc.returncode}, {len(done)} of {len(paths)} "
                              f"photos finished:\n{log[-3000:]}")  # fmt: skip
-        drained.append(Drained(len(paths), float(out.strip()) * 1000))
+        worker_s, rest_s = map(float, out.split())
+        drained.append(Drained(len(paths), worker_s * 1000, rest_s * 1000))
         redis.Redis.from_url(REDIS_URL).delete(f"{{{stream}}}:photos", f"{{{stream}}}:dead")
     return drained[0], drained[1]
 

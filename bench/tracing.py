@@ -28,11 +28,12 @@ import sys
 import tempfile
 import time
 import timeit
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from e2e import PR_SET_CHILD_SUBREAPER, Rig, Run, large_jpegs, tiny_pngs
-from pairs import side_by_side
+from pairs import Drained, side_by_side
 from report import ROOT, machine, write_section
 
 sys.path.insert(0, str(ROOT))
@@ -44,17 +45,20 @@ PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 SDK_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter", "opentelemetry.propagat")
 
 
+@dataclass
 class TracingRig(Rig):
     """bench/e2e.py's rig on this script's own database (e2e.py may run beside it)."""
 
+    database: str = DATABASE
+
     def environ(self, stream: str, **extra: str) -> dict[str, str]:
-        url = f"postgresql://postgres@127.0.0.1:5432/{DATABASE}"
+        url = f"postgresql://postgres@127.0.0.1:5432/{self.database}"
         base = {k: v for k, v in super().environ(stream).items() if not k.startswith("OTEL_")}
         return base | {"DARKROOM_DATABASE_URL": url} | extra
 
     def setup(self) -> None:
-        subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists", DATABASE],
-                       check=True)  # fmt: skip
+        subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists",
+                        self.database], check=True)  # fmt: skip
         self.cli("bench-tracing", "migrate")
 
 
@@ -85,29 +89,50 @@ def off_on(
     return runs
 
 
-def paired(rig: Rig, paths: list[Path], rounds: int, got: Receiver, short: int) -> list[str]:
-    """Off and on drain side by side (pairs.py), first the `short` photos, then all, each
-    round; a control pair of two off workers beside them. Per round: the on worker's CPU per
-    photo beyond its short drain against the off worker's (the steady state), and the
-    control's; the rows give the median and every round's figure."""
+def paired(
+    rigs: tuple[Rig, Rig], paths: list[Path], rounds: int, got: Receiver, short: int
+) -> list[str]:
+    """Off and on drain side by side (pairs.py), each with a database of its own (so that
+    each worker holds its own duties: the events relay of both photos' events in one worker
+    made identical workers differ by 5 %), first the `short` photos, then all, each
+    round; a control pair of two off workers beside them. Per round, the other worker's CPU
+    per photo against the off one's, as a share of the off one's whole CPU per photo: beyond
+    the short drain (the steady state) in all, in the worker's own process and in its render
+    processes apart (tracing adds nothing there but the stages' clock readings, so their
+    difference is the noise of sharing the cores), and over whole drains. The rows give the
+    median and every round's figure."""
     settings = {"off": {}, "on": traced(got.endpoint)}
-    steady: dict[str, list[float]] = {"on": [], "control": []}
-    whole: dict[str, list[float]] = {"on": [], "control": []}
+    rows = ("steady state, all processes", "steady state, the worker's process",
+            "steady state, the render processes", "whole drains, all processes")  # fmt: skip
+    changes: dict[str, dict[str, list[float]]] = {r: {"on": [], "control": []} for r in rows}
     for i in range(rounds):
         for name, modes in (("on", ("off", "on")), ("control", ("off", "off"))):
             first, second = modes if i % 2 == 0 else modes[::-1]
-            drains = [side_by_side(rig, p, settings[first], settings[second])
-                      for p in (paths[:short], paths)]  # fmt: skip
-            base, other = (0, 1) if i % 2 == 0 else (1, 0)  # the off worker, the other
-            beyond = [(drains[1][k].cpu_ms - drains[0][k].cpu_ms) / (len(paths) - short)
-                      for k in (base, other)]  # fmt: skip
-            steady[name].append(100 * (beyond[1] - beyond[0]) / beyond[0])
-            full = [drains[1][k].cpu_ms_per_photo for k in (base, other)]
-            whole[name].append(100 * (full[1] - full[0]) / full[0])
-            print(f"  round {i + 1} {name}: steady {beyond[0]:.2f} / {beyond[1]:.2f} ms, whole "
-                  f"{full[0]:.2f} / {full[1]:.2f} ms", file=sys.stderr)  # fmt: skip
-    return [_paired_row(f"steady state (photos {short + 1}–{len(paths)})", steady),
-            _paired_row("whole drains", whole)]  # fmt: skip
+            short_pair, full_pair = (side_by_side(rigs, p, settings[first], settings[second])
+                                     for p in (paths[:short], paths))  # fmt: skip
+            order = (0, 1) if i % 2 == 0 else (1, 0)  # the off worker, the other
+            base, other = ([full_pair[k], short_pair[k]] for k in order)
+            between = len(paths) - short
+            off_ms = (base[0].cpu_ms - base[1].cpu_ms) / between
+
+            for row, part in zip(rows[:3], ("cpu_ms", "worker_ms", "rest_ms"), strict=True):
+                more = _beyond(other, part) - _beyond(base, part)
+                changes[row][name].append(100 * more / between / off_ms)
+            whole = (other[0].cpu_ms_per_photo - base[0].cpu_ms_per_photo) / base[
+                0
+            ].cpu_ms_per_photo
+            changes[rows[3]][name].append(100 * whole)
+            print(
+                f"  round {i + 1} {name}: steady {off_ms:.2f} ms off, "
+                + ", ".join(f"{r} {changes[r][name][-1]:+.1f} %" for r in rows),
+                file=sys.stderr,
+            )
+    return [_paired_row(row, changes[row]) for row in rows]
+
+
+def _beyond(pair: list[Drained], part: str) -> float:
+    """CPU ms of `part` in the full drain beyond the short one."""
+    return float(getattr(pair[0], part) - getattr(pair[1], part))
 
 
 def _paired_row(name: str, changes: dict[str, list[float]]) -> str:
@@ -275,9 +300,11 @@ def report(
             "",
             "Side by side (bench/pairs.py): in each round an off worker and an on worker drain "
             "the same tiny PNGs at the same time from two streams, each one's CPU counted "
-            "apart, first the short drain, then the whole one; a control pair of two off "
-            "workers beside them. The change is the on worker's CPU per photo against the off "
-            "one's of the same round; the control's is the noise that sharing a moment leaves.",
+            "apart (its own process, and its forkserver and render processes), first the short "
+            "drain, then the whole one; a control pair of two off workers beside them. Each "
+            "figure is the on worker's CPU per photo less the off one's of the same round, as "
+            "a share of the off one's whole CPU per photo; the control's is the noise that "
+            "sharing a moment leaves.",
             "",
             "| tiny 64×48 PNGs | on against off, median (each round) | control: off against off |",
             "|---|---:|---:|",
@@ -318,7 +345,11 @@ def main() -> None:
             short = args.short if label.startswith("tiny") else 0
             results[label] = off_on(rig, paths, args.rounds, got, short)
         tiny = inputs["tiny 64×48 PNG"]
-        pairs = paired(rig, tiny, args.pairs, got, args.short) if args.pairs else []
+        beside = TracingRig(Path(name) / "beside", database=f"{DATABASE}_beside")
+        if args.pairs:
+            beside.tmp.mkdir()
+            beside.setup()
+        pairs = paired((rig, beside), tiny, args.pairs, got, args.short) if args.pairs else []
         imported = sdk_imported_off(rig, tiny[:5])
     if got.exports == 0:
         raise SystemExit("the traced workers exported nothing: tracing did not start")

@@ -50,8 +50,10 @@ def test_stages_are_children_of_the_delivery_in_the_producers_trace(memory: Any)
         with tracing.span("render"):
             at = stagespans.current.get()
             assert at is not None
-            tracing.rendered([Stage("decode", at.start_ns, at.start_ns + 5, ""),
-                              Stage("encode", at.start_ns + 5, at.start_ns + 9, "thumb")])  # fmt: skip
+            t0 = at.start_ns
+            tracing.rendered(
+                [Stage("decode", t0, t0 + 5, ""), Stage("encode", t0 + 5, t0 + 9, "thumb")]
+            )
     spans = {s.name: s for s in memory.get_finished_spans()}
     process = spans["darkroom.process"]
     assert {s.context.trace_id for s in spans.values()} == {int(trace_id, 16)}
@@ -72,16 +74,19 @@ def test_a_stage_left_by_an_error_carries_its_stable_code(memory: Any) -> None:
     """Status ERROR, `error.type` the code, an `exception` event with the message: what the
     tracer's spans get from `record_error`."""
     _, _, carrier = producer_span()
-    with tracing.delivery(delivered(carrier), 1, "s", "g"):
-        with pytest.raises(StorageUnavailableError), tracing.span("download"):
-            raise StorageUnavailableError("S3 down")
+    with (
+        tracing.delivery(delivered(carrier), 1, "s", "g"),
+        pytest.raises(StorageUnavailableError),
+        tracing.span("download"),
+    ):
+        raise StorageUnavailableError("S3 down")
     [download] = [s for s in memory.get_finished_spans() if s.name == "darkroom.download"]
     assert download.status.status_code.name == "ERROR"
     assert download.status.description == "storage_unavailable: S3 down"
     assert download.attributes["error.type"] == "storage_unavailable"
     [event] = download.events
-    assert (event.name, dict(event.attributes)) == (
-        "exception", {"exception.type": "storage_unavailable", "exception.message": "S3 down"})  # fmt: skip
+    thrown = {"exception.type": "storage_unavailable", "exception.message": "S3 down"}
+    assert (event.name, dict(event.attributes)) == ("exception", thrown)
 
 
 def test_inside_a_stage_exemplars_logs_and_the_render_context_name_it(memory: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
@@ -34,6 +35,11 @@ _preset_span_id: contextvars.ContextVar[int | None] = contextvars.ContextVar(
 # sampler kept it): only then is its id kept on the attempt row, for a span written for it
 # later to have a trace to join.
 _joined: contextvars.ContextVar[bool] = contextvars.ContextVar("darkroom_joined", default=False)
+# The current delivery's `note`s, set on its span once as it ends: one attribute update (the
+# SDK validates each and takes the span's lock) instead of one per note.
+_notes: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "darkroom_notes", default=None
+)
 
 
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:
@@ -166,7 +172,9 @@ def _timeout_set() -> bool:
     return any(name in os.environ for name in _TIMEOUT_VARIABLES)
 
 
+@functools.cache
 def propagator() -> Any:
+    """The W3C trace context propagator (one: it keeps no state)."""
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     return TraceContextTextMapPropagator()
@@ -219,6 +227,7 @@ def delivery(entry: Entry, deliveries: int, stream: str, group: str) -> Iterator
     ) as current:  # fmt: skip
         token = _delivery.set(current)
         joined = _joined.set(current.is_recording() and has_context(parent))
+        notes = _notes.set({})
         try:
             # a later delivery's wait would count the earlier attempts
             if deliveries == 1 and current.is_recording():
@@ -226,6 +235,8 @@ def delivery(entry: Entry, deliveries: int, stream: str, group: str) -> Iterator
                                 _id_ns(entry), now_ns)  # fmt: skip
             yield
         finally:
+            current.set_attributes(_notes.get() or {})
+            _notes.reset(notes)
             _joined.reset(joined)
             _delivery.reset(token)
 
@@ -332,10 +343,11 @@ def rendered(stages: Iterable[Any]) -> None:
 
 
 def note(**attributes: Any) -> None:
-    """Attributes of the current delivery's span (its attempt, outcome, tenant...)."""
-    current = _delivery.get()
-    if current is not None:
-        current.set_attributes({f"darkroom.{k}": v for k, v in attributes.items()})
+    """Attributes of the current delivery's span (its attempt, outcome, tenant...), set as
+    it ends; a later note of the same name wins."""
+    notes = _notes.get()
+    if notes is not None:
+        notes.update({f"darkroom.{k}": v for k, v in attributes.items()})
 
 
 def failed(code: str, message: str) -> None:
