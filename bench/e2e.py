@@ -147,6 +147,8 @@ class Run:
 class Rig:
     tmp: Path
     runs: int = 0
+    # What `darkroom ingest` runs with beside the rig's settings (a traced producer's OTEL_*)
+    ingest_env: dict[str, str] = field(default_factory=dict)
 
     def environ(self, stream: str, **extra: str) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
@@ -163,9 +165,9 @@ class Rig:
             | extra
         )
 
-    def cli(self, stream: str, *args: str) -> str:
+    def cli(self, stream: str, *args: str, **extra: str) -> str:
         command = [sys.executable, "-m", "darkroom", *args]
-        result = subprocess.run(command, env=self.environ(stream), capture_output=True,
+        result = subprocess.run(command, env=self.environ(stream, **extra), capture_output=True,
                                 text=True, check=True, cwd=self.tmp)  # fmt: skip
         return result.stdout
 
@@ -178,7 +180,7 @@ class Rig:
               profile: Path | None = None, **extra: str) -> Run:  # fmt: skip
         self.runs += 1
         stream = f"bench-{os.getpid()}-{self.runs}"
-        self.cli(stream, "ingest", *map(str, paths))
+        self.cli(stream, "ingest", *map(str, paths), **self.ingest_env)
         before = _children_cpu_s()
         started = time.perf_counter()
         procs = [self._worker(stream, i, profile, extra) for i in range(workers)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,11 +61,19 @@ def side_by_side(rigs: tuple[Rig, Rig], paths: list[Path], first: dict[str, str]
     for rig in rigs:
         rig.runs += 1
         streams.append(f"bench-{os.getpid()}-{id(rig)}-{rig.runs}")
-        rig.cli(streams[-1], "ingest", *map(str, paths))
-    procs = [_start(*started) for started in zip(rigs, streams, (first, second), strict=True)]
-    outs = [p.communicate() for p in procs]
+        rig.cli(streams[-1], "ingest", *map(str, paths), **rig.ingest_env)
+    # Each worker's log to a file of its own: a pipe read after the other worker's would fill
+    # (64 KiB, about 210 photos' lines) and stop its worker until the other had finished.
+    with tempfile.TemporaryFile("w+") as log_a, tempfile.TemporaryFile("w+") as log_b:
+        started = zip(rigs, streams, (first, second), (log_a, log_b), strict=True)
+        procs = [_start(*each) for each in started]
+        outs = [p.communicate()[0] for p in procs]
+        logs = []
+        for log_file in (log_a, log_b):
+            log_file.seek(0)
+            logs.append(log_file.read())
     drained = []
-    for proc, (out, log), stream in zip(procs, outs, streams, strict=True):
+    for proc, out, log, stream in zip(procs, outs, logs, streams, strict=True):
         done = list(_done_times([log]))
         if proc.returncode != 0 or len(done) != len(paths):
             raise SystemExit(f"worker exited {proc.returncode}, {len(done)} of {len(paths)} "
@@ -75,8 +84,8 @@ def side_by_side(rigs: tuple[Rig, Rig], paths: list[Path], first: dict[str, str]
     return drained[0], drained[1]
 
 
-def _start(rig: Rig, stream: str, extra: dict[str, str]) -> Any:
+def _start(rig: Rig, stream: str, extra: dict[str, str], log: Any) -> Any:
     worker = [sys.executable, "-m", "darkroom", "run", "--drain"]
     env = rig.environ(stream, DARKROOM_CONSUMER=f"bench-{stream}", **extra)
     return subprocess.Popen([sys.executable, "-c", _COUNTED, *worker], env=env, cwd=rig.tmp,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip

@@ -96,7 +96,8 @@ def paired(
     each worker holds its own duties: the events relay of both photos' events in one worker
     made identical workers differ by 5 %), first the `short` photos, then all, each
     round; a control pair of two off workers beside them. Per round, the other worker's CPU
-    per photo against the off one's, as a share of the off one's whole CPU per photo: beyond
+    per photo against the off one's, as a share of the off one's CPU per photo (all its
+    processes) over the same photos: beyond
     the short drain (the steady state) in all, in the worker's own process and in its render
     processes apart (tracing adds nothing there but the stages' clock readings, so their
     difference is the noise of sharing the cores), and over whole drains. The rows give the
@@ -118,10 +119,8 @@ def paired(
             for row, part in zip(rows[:3], ("cpu_ms", "worker_ms", "rest_ms"), strict=True):
                 more = _beyond(other, part) - _beyond(base, part)
                 changes[row][name].append(100 * more / between / off_ms)
-            whole = (other[0].cpu_ms_per_photo - base[0].cpu_ms_per_photo) / base[
-                0
-            ].cpu_ms_per_photo
-            changes[rows[3]][name].append(100 * whole)
+            whole_off = base[0].cpu_ms_per_photo
+            changes[rows[3]][name].append(100 * (other[0].cpu_ms_per_photo - whole_off) / whole_off)
             print(
                 f"  round {i + 1} {name}: steady {off_ms:.2f} ms off, "
                 + ", ".join(f"{r} {changes[r][name][-1]:+.1f} %" for r in rows),
@@ -253,7 +252,7 @@ def sdk_imported_off(rig: TracingRig, paths: list[Path]) -> list[str]:
     """The trace SDK's modules a worker draining with tracing off imported (`-X importtime`)."""
     rig.runs += 1
     stream = f"bench-tracing-imports-{rig.runs}"
-    rig.cli(stream, "ingest", *map(str, paths))
+    rig.cli(stream, "ingest", *map(str, paths), **rig.ingest_env)
     command = [sys.executable, "-X", "importtime", "-m", "darkroom", "run", "--drain"]
     result = subprocess.run(command, env=rig.environ(stream), cwd=rig.tmp, capture_output=True,
                             text=True, check=True)  # fmt: skip
@@ -303,8 +302,8 @@ def report(
             "apart (its own process, and its forkserver and render processes), first the short "
             "drain, then the whole one; a control pair of two off workers beside them. Each "
             "figure is the on worker's CPU per photo less the off one's of the same round, as "
-            "a share of the off one's whole CPU per photo; the control's is the noise that "
-            "sharing a moment leaves.",
+            "a share of the off one's CPU per photo over the same photos (all its processes); "
+            "the control's is the noise that sharing a moment leaves.",
             "",
             "| tiny 64×48 PNGs | on against off, median (each round) | control: off against off |",
             "|---|---:|---:|",
@@ -335,7 +334,9 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="darkroom-bench-tracing-") as name,
         serving(keep=False) as got,
     ):
-        rig = TracingRig(Path(name))
+        # The photos carry a traced producer's context, as they would from one: an on worker
+        # keeps its spans' ids on the attempt rows and marks what its exports confirm.
+        rig = TracingRig(Path(name), ingest_env=traced(got.endpoint))
         rig.setup()
         inputs = {"tiny 64×48 PNG": tiny_pngs(Path(name) / "tiny", args.tiny),
                   "large JPEG (corpus, ≥ 8 MP)": large_jpegs(args.large)}  # fmt: skip
@@ -345,11 +346,13 @@ def main() -> None:
             short = args.short if label.startswith("tiny") else 0
             results[label] = off_on(rig, paths, args.rounds, got, short)
         tiny = inputs["tiny 64×48 PNG"]
-        beside = TracingRig(Path(name) / "beside", database=f"{DATABASE}_beside")
-        if args.pairs:
+        beside = TracingRig(Path(name) / "beside", ingest_env=rig.ingest_env,
+                            database=f"{DATABASE}_beside")  # fmt: skip
+        pairs = []
+        if args.pairs and 0 < args.short < len(tiny):  # the steady state needs a short drain
             beside.tmp.mkdir()
             beside.setup()
-        pairs = paired((rig, beside), tiny, args.pairs, got, args.short) if args.pairs else []
+            pairs = paired((rig, beside), tiny, args.pairs, got, args.short)
         imported = sdk_imported_off(rig, tiny[:5])
     if got.exports == 0:
         raise SystemExit("the traced workers exported nothing: tracing did not start")

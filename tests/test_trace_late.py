@@ -190,7 +190,8 @@ def test_a_late_span_carries_the_rows_story() -> None:
 
     memory = InMemorySpanExporter()
     provider = TracerProvider(id_generator=tracing._preset_ids())
-    provider.add_span_processor(SimpleSpanProcessor(memory))
+    processor = SimpleSpanProcessor(memory)
+    provider.add_span_processor(processor)
     trace_id, parent_id, carrier = producer_span()
     t0 = datetime.now(UTC) - timedelta(seconds=60)
     failed = spans.Unsent(1, uuid.uuid4(), "5-0", "bulk", "00f067aa0ba902b7", t0,
@@ -201,11 +202,11 @@ def test_a_late_span_carries_the_rows_story() -> None:
                           carrier["traceparent"], "")  # fmt: skip
     untraced = spans.Unsent(3, uuid.uuid4(), "7-0", "interactive", "00f067aa0ba902b9", t0,
                             t0, None, "published", None, None, None, "")  # fmt: skip
-    tracing._tracer = provider.get_tracer("darkroom")
+    tracing.use(provider, processor)
     try:
         written = [spanwriter.written_late(u, "s", "g") for u in (failed, killed, untraced)]
     finally:
-        tracing._tracer = None
+        tracing.use(None, None)
     assert written == [True, True, False]
     first, second = memory.get_finished_spans()
     assert (first.context.trace_id, first.parent.span_id) == (int(trace_id, 16), int(parent_id, 16))

@@ -132,3 +132,74 @@ def test_stages_encode_with_the_tracers_spans_under_one_resource_and_scope(memor
     assert scope_spans.scope.name == "darkroom"
     assert {s.name for s in scope_spans.spans} == {
         "darkroom.process", "darkroom.queue_wait", "darkroom.claim"}  # fmt: skip
+
+
+def test_notes_reach_the_delivery_span_as_it_ends(memory: Any) -> None:
+    """Notes are kept and set once on the delivery's span as it ends (a later one of the same
+    name wins); with an error's own attributes beside them; outside a delivery, none."""
+    _, _, carrier = producer_span()
+    tracing.note(outcome="nowhere")  # no delivery: nothing to note on
+    with tracing.delivery(delivered(carrier), 1, "s", "g"):
+        tracing.note(attempt=2, claim="claimed")
+        tracing.note(outcome="retrying")
+        tracing.failed("storage_unavailable", "S3 down")
+        tracing.note(outcome="failed")
+    [process] = [s for s in memory.get_finished_spans() if s.name == "darkroom.process"]
+    code = "storage_unavailable"
+    expected = {"darkroom.attempt": 2, "darkroom.claim": "claimed", "darkroom.outcome": "failed",
+                "darkroom.error_code": code, "error.type": code}  # fmt: skip
+    assert {k: process.attributes[k] for k in expected} == expected
+
+
+def test_a_stages_error_text_keeps_the_attribute_length_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT cuts a stage's error code and message as it cuts a
+    tracer's span's."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "10")
+    exporter, provider = InMemorySpanExporter(), TracerProvider()
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    tracing.use(provider, processor)
+    try:
+        _, _, carrier = producer_span()
+        with (
+            tracing.delivery(delivered(carrier), 1, "s", "g"),
+            pytest.raises(StorageUnavailableError),
+            tracing.span("download"),
+        ):
+            raise StorageUnavailableError("a message longer than ten")
+    finally:
+        tracing.use(None, None)
+    [download] = [s for s in exporter.get_finished_spans() if s.name == "darkroom.download"]
+    assert download.attributes["error.type"] == "storage_un"
+    assert dict(download.events[0].attributes) == {
+        "exception.type": "storage_un", "exception.message": "a message "}  # fmt: skip
+
+
+def test_flush_exports_what_the_provider_in_use_holds() -> None:
+    """`flush` flushes the provider `use` installed (not whichever is global): a batched
+    span is exported by the time it returns."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter, provider = InMemorySpanExporter(), TracerProvider()
+    processor = BatchSpanProcessor(exporter, schedule_delay_millis=60_000)
+    provider.add_span_processor(processor)
+    tracing.use(provider, processor)
+    try:
+        _, _, carrier = producer_span()
+        with tracing.delivery(delivered(carrier), 1, "s", "g"), tracing.span("claim"):
+            pass
+        assert exporter.get_finished_spans() == ()  # still in the batch
+        assert tracing.flush()
+    finally:
+        tracing.use(None, None)
+        provider.shutdown()
+    assert {s.name for s in exporter.get_finished_spans()} == {
+        "darkroom.process", "darkroom.queue_wait", "darkroom.claim"}  # fmt: skip

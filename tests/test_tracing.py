@@ -228,19 +228,20 @@ def test_a_dead_deliverys_span_keeps_its_id_and_joins_only_the_photos_trace() ->
 
     memory = InMemorySpanExporter()
     provider = TracerProvider(id_generator=tracing._preset_ids())
-    provider.add_span_processor(SimpleSpanProcessor(memory))
+    processor = SimpleSpanProcessor(memory)
+    provider.add_span_processor(processor)
     trace_id, parent_id, carrier = producer_span()
     started = datetime.now(UTC) - timedelta(seconds=3)
     died = leases.Died("00f067aa0ba902b7", started, "1-0", "bulk", 2, "acme",
                        carrier["traceparent"])  # fmt: skip
-    tracing._tracer = provider.get_tracer("darkroom")
+    tracing.use(provider, processor)
     try:
         spanwriter.worker_died(died, "s:bulk", "g", "p")
         spanwriter.worker_died(replace(died, traceparent=None), "s:bulk", "g", "p")
         spanwriter.worker_died(replace(died, span_id="not a span id!!"), "s:bulk", "g", "p")
-        tracing._tracer.start_span("after").end()
+        tracing.tracer().start_span("after").end()
     finally:
-        tracing._tracer = None
+        tracing.use(None, None)
     dead, after = memory.get_finished_spans()
     ids = (dead.context.trace_id, dead.context.span_id, dead.parent.span_id)
     assert ids == (int(trace_id, 16), 0x00F067AA0BA902B7, int(parent_id, 16))

@@ -28,6 +28,8 @@ _Event: Any = None
 _Status: Any = None
 _UNSET: Any = None
 _NO_EVENTS: tuple[Any, ...] = ()
+# The attribute value length limits of a span's and of an event's attributes (None: none)
+_LENGTH: tuple[int | None, int | None] = (None, None)
 
 
 @dataclass(slots=True)
@@ -52,19 +54,26 @@ current: contextvars.ContextVar[Stage | None] = contextvars.ContextVar(
 )
 
 
-def install(processor: Any, resource: Any = None, scope: Any = None, ids: Any = None) -> None:
+def install(processor: Any, resource: Any, scope: Any, ids: Any) -> None:
     """Where the stages go: the tracer provider's span processor, with its resource, the
-    tracer's instrumentation scope and id generator; None: nowhere (tracing off)."""
-    global _sink, _SpanContext, _ReadableSpan, _Event, _Status, _UNSET
-    if processor is None:
-        _sink = None
-        return
-    from opentelemetry.sdk.trace import Event, ReadableSpan
+    tracer's instrumentation scope and id generator."""
+    global _sink, _SpanContext, _ReadableSpan, _Event, _Status, _UNSET, _LENGTH
+    from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
     from opentelemetry.trace import SpanContext, Status
 
     _SpanContext, _ReadableSpan, _Event, _Status = SpanContext, ReadableSpan, Event, Status
     _UNSET = Status()
+    # OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT and its span and event forms, as the SDK's spans
+    # apply them: only an error's code and message here can be long
+    limits = SpanLimits()
+    _LENGTH = (limits.max_span_attribute_length, limits.max_attribute_length)
     _sink = (processor, resource, scope, ids)
+
+
+def uninstall() -> None:
+    """Tracing off: no stage span may be made."""
+    global _sink
+    _sink = None
 
 
 def begin(name: str, parent: Any) -> Stage:
@@ -86,8 +95,7 @@ def made(name: str, parent: Any, start_ns: int, end_ns: int,
 
 def _child_of(parent: Any) -> Any:
     """A new span's context in the parent's trace, sampled as the parent is."""
-    assert _sink is not None, "install first"
-    span_id = _sink[3].generate_span_id()
+    span_id = _installed()[3].generate_span_id()
     return _SpanContext(parent.trace_id, span_id, False, parent.trace_flags, parent.trace_state)
 
 
@@ -100,18 +108,24 @@ def _emit(
     attributes: dict[str, Any] | None,
     error: tuple[str, str, int] | None,
 ) -> None:
-    assert _sink is not None, "install first"
-    processor, resource, scope, _ = _sink
+    processor, resource, scope, _ = _installed()
     status, events = _UNSET, _NO_EVENTS
     if error is not None:  # as tracing.record_error marks the SDK's spans
         from opentelemetry.trace import StatusCode
 
         code, message, at_ns = error
-        attributes = (attributes or {}) | {"error.type": code}
-        thrown = {"exception.type": code, "exception.message": message}
+        attributes = (attributes or {}) | {"error.type": code[: _LENGTH[0]]}
+        short = code[: _LENGTH[1]], message[: _LENGTH[1]]
+        thrown = {"exception.type": short[0], "exception.message": short[1]}
         status = _Status(StatusCode.ERROR, f"{code}: {message}"[:500])
         events = (_Event("exception", thrown, at_ns),)
     processor.on_end(_ReadableSpan(
         name, context, parent, resource, attributes, events, status=status,
         start_time=start_ns, end_time=max(end_ns, start_ns), instrumentation_scope=scope,
     ))  # fmt: skip
+
+
+def _installed() -> tuple[Any, Any, Any, Any]:
+    if _sink is None:
+        raise RuntimeError("stage spans made before tracing.use installed a processor")
+    return _sink

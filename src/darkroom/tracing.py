@@ -19,6 +19,8 @@ from darkroom.queue.messages import TRACE_FIELDS, Entry, enqueued_ms, trace_fiel
 
 # The SDK's tracer once `start` installed it; None: tracing is off.
 _tracer: Any = None
+# Its provider, which `flush` flushes (the global one may be another's, set before `start`).
+_provider: Any = None
 # The exporter's timeout unless OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT says otherwise: the flush at
 # exit waits this long for a collector that is down (the SDK's 10 s measured 10.8 s), which
 # must fit in the stop's margin past DARKROOM_SHUTDOWN_GRACE_S (compose's is 10 s).
@@ -98,10 +100,11 @@ def start() -> bool:
 def use(provider: Any, processor: Any) -> None:
     """Trace with `provider`, whose `processor` the stages' spans go to as its tracer's do
     (`start`'s, or a bench's in memory); None: off."""
-    global _tracer
+    global _tracer, _provider
     _tracer = None if provider is None else provider.get_tracer("darkroom")
+    _provider = provider
     if provider is None:
-        stagespans.install(None)
+        stagespans.uninstall()
     else:
         stagespans.install(processor, provider.resource, _scope(), provider.id_generator)
 
@@ -143,12 +146,9 @@ def _preset_ids() -> Any:
 def flush() -> bool:
     """Export every ended span now, within the exporter's timeout (blocking: call it from a
     thread); False: not within it."""
-    if _tracer is None:
+    if _provider is None:
         return True
-    from opentelemetry import trace
-
-    timeout_ms = int(export_timeout_s() * 1000)
-    return bool(trace.get_tracer_provider().force_flush(timeout_ms))  # type: ignore[attr-defined]
+    return bool(_provider.force_flush(int(export_timeout_s() * 1000)))
 
 
 def export_timeout_s(environ: Mapping[str, str] = os.environ) -> float:
