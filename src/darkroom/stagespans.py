@@ -1,7 +1,7 @@
 """A delivery's stage spans (its queue wait, claim, download, render and the render process's
 stages, upload, publish, ack), each made once, ended: a `ReadableSpan` handed to the batch
 processor when the stage ends, not a span of the SDK's tracer opened at its start and made
-the current context. The tracer's way costs 11–18 µs a span (a sampling decision, a span with
+the current context. The tracer's way costs 15–18 µs a span (a sampling decision, a span with
 its locks and bounded collections, a context attached and detached, a readable copy at its
 end) against about 2.5 µs here, and a tiny photo has 14 of them (docs/tracing.md#cost-when-on).
 What the tracer would decide comes from the parent: a stage is made only under a span that
