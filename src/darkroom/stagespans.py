@@ -33,7 +33,7 @@ _LENGTH: tuple[int | None, int | None] = (None, None)
 
 
 @dataclass(slots=True)
-class Stage:
+class OpenStage:
     """An open stage: its own context (children name it as their parent) and what its span
     will carry."""
 
@@ -49,7 +49,7 @@ class Stage:
 
 # The open stage of this task's delivery, if any: the parent of a stage or render stage
 # begun inside it, and the span an exemplar or a log line inside it names.
-current: contextvars.ContextVar[Stage | None] = contextvars.ContextVar(
+current: contextvars.ContextVar[OpenStage | None] = contextvars.ContextVar(
     "darkroom_stage", default=None
 )
 
@@ -76,14 +76,14 @@ def uninstall() -> None:
     _sink = None
 
 
-def begin(name: str, parent: Any) -> Stage:
+def begin(name: str, parent: Any) -> OpenStage:
     """A stage starting now under `parent` (a SpanContext that records)."""
-    return Stage(name, parent, _child_of(parent), time.time_ns())
+    return OpenStage(name, parent, _child_of(parent), time.time_ns())
 
 
-def end(stage: Stage, attributes: dict[str, Any] | None = None) -> None:
+def end(stage: OpenStage) -> None:
     """The stage's span, ended now, to the exporter's queue."""
-    _emit(stage.name, stage.parent, stage.context, stage.start_ns, time.time_ns(), attributes,
+    _emit(stage.name, stage.parent, stage.context, stage.start_ns, time.time_ns(), None,
           stage.error)  # fmt: skip
 
 

@@ -206,7 +206,11 @@ def producer(name: str, **attributes: Any) -> Iterator[dict[str, str]]:
 
     named = {f"darkroom.{k}": v for k, v in attributes.items()}
     with _tracer.start_as_current_span(name, kind=SpanKind.PRODUCER, attributes=named):
-        yield injected()
+        token = stagespans.current.set(None)  # the producer's span is the one to carry
+        try:
+            yield injected()
+        finally:
+            stagespans.current.reset(token)
 
 
 @contextlib.contextmanager
