@@ -40,6 +40,19 @@ def delivered(carrier: dict[str, str]) -> Entry:
     return Entry("1700000000000-0", {"photo_id": "p", **carrier})
 
 
+def failed_download(exporter: Any, message: str) -> Any:
+    """A traced delivery whose download stage fails; the stage's span."""
+    _, _, carrier = producer_span()
+    with (
+        tracing.delivery(delivered(carrier), 1, "s", "g"),
+        pytest.raises(StorageUnavailableError),
+        tracing.span("download"),
+    ):
+        raise StorageUnavailableError(message)
+    [download] = [s for s in exporter.get_finished_spans() if s.name == "darkroom.download"]
+    return download
+
+
 def test_stages_are_children_of_the_delivery_in_the_producers_trace(memory: Any) -> None:
     """The queue wait, each stage and the render process's stages: one trace, the delivery's
     children (the render's stages the render's), each inside its parent's time."""
@@ -73,14 +86,7 @@ def test_stages_are_children_of_the_delivery_in_the_producers_trace(memory: Any)
 def test_a_stage_left_by_an_error_carries_its_stable_code(memory: Any) -> None:
     """Status ERROR, `error.type` the code, an `exception` event with the message: what the
     tracer's spans get from `record_error`."""
-    _, _, carrier = producer_span()
-    with (
-        tracing.delivery(delivered(carrier), 1, "s", "g"),
-        pytest.raises(StorageUnavailableError),
-        tracing.span("download"),
-    ):
-        raise StorageUnavailableError("S3 down")
-    [download] = [s for s in memory.get_finished_spans() if s.name == "darkroom.download"]
+    download = failed_download(memory, "S3 down")
     assert download.status.status_code.name == "ERROR"
     assert download.status.description == "storage_unavailable: S3 down"
     assert download.attributes["error.type"] == "storage_unavailable"
@@ -166,16 +172,9 @@ def test_a_stages_error_text_keeps_the_attribute_length_limit(
     provider.add_span_processor(processor)
     tracing.use(provider, processor)
     try:
-        _, _, carrier = producer_span()
-        with (
-            tracing.delivery(delivered(carrier), 1, "s", "g"),
-            pytest.raises(StorageUnavailableError),
-            tracing.span("download"),
-        ):
-            raise StorageUnavailableError("a message longer than ten")
+        download = failed_download(exporter, "a message longer than ten")
     finally:
         tracing.use(None, None)
-    [download] = [s for s in exporter.get_finished_spans() if s.name == "darkroom.download"]
     assert download.attributes["error.type"] == "storage_un"
     assert dict(download.events[0].attributes) == {
         "exception.type": "storage_un", "exception.message": "a message "}  # fmt: skip
