@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 # (photo id, span id) of each `darkroom.process` span an export delivered: appended by the
@@ -19,22 +19,33 @@ _confirmed: collections.deque[tuple[str, str]] = collections.deque(maxlen=100_00
 _on_confirmed: list[Callable[[], object]] = []
 
 
-def delivered(ids: list[tuple[str, str]]) -> None:
-    """An export delivered these (`process_ids` of its spans): from the export thread."""
-    if ids:
-        _confirmed.extend(ids)
-        for wake in _on_confirmed:
-            wake()
+def confirming(exporter: Any) -> Any:
+    """The exporter, reporting each `darkroom.process` span of a batch it delivered."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class Confirming(SpanExporter):
+        def export(self, spans: Any) -> Any:
+            result = exporter.export(spans)
+            if result is SpanExportResult.SUCCESS:
+                _confirmed.extend(_process_ids(spans))
+                for wake in _on_confirmed:
+                    wake()
+            return result
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30_000) -> bool:
+            return bool(exporter.force_flush(timeout_millis))
+
+    return Confirming()
 
 
-def process_ids(spans: Iterable[Any]) -> list[tuple[str, str]]:
-    """The (photo id, span id) of each `darkroom.process` span among `spans`."""
-    out = []
+def _process_ids(spans: Iterable[Any]) -> Iterator[tuple[str, str]]:
     for done in spans:
         photo = (done.attributes or {}).get("darkroom.photo_id")
         if done.name == "darkroom.process" and photo:
-            out.append((str(photo), format(done.context.span_id, "016x")))
-    return out
+            yield str(photo), format(done.context.span_id, "016x")
 
 
 def confirmed() -> list[tuple[str, str]]:

@@ -1,6 +1,5 @@
 """OpenTelemetry traces through the queue: the adapter, with its parts stagespans.py (the
-stages' spans), spanbatch.py (their batches, encoded where they end) and confirmations.py
-(what the exporter delivered) (docs/tracing.md). On when
+stages' spans) and confirmations.py (what the exporter delivered) (docs/tracing.md). On when
 an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) and
 OTEL_SDK_DISABLED is not `true`; off, every function here is a no-op and no OpenTelemetry
 module is imported. Nothing below the orchestration imports this module (the layers contract).
@@ -16,7 +15,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
-from darkroom import confirmations, metrics, spanbatch, stagespans
+from darkroom import confirmations, metrics, stagespans
 from darkroom.queue.messages import TRACE_FIELDS, Entry, enqueued_ms, trace_fields
 
 # The SDK's tracer once `start` installed it; None: tracing is off.
@@ -75,14 +74,14 @@ def preset(span_id: int) -> Iterator[None]:
 
 def start() -> bool:
     """Install the SDK when `wanted`: the sampler from OTEL_TRACES_SAMPLER (parent-based by
-    default), spans batched (OTEL_BSP_*, spanbatch.py) to OTLP over HTTP/protobuf, flushed at
-    exit. True if on."""
+    default), spans batched (OTEL_BSP_*) to OTLP over HTTP/protobuf, flushed at exit. True if on."""
     if _tracer is not None or not wanted():
         return on()
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, when set, name the service instead
     named = "OTEL_SERVICE_NAME" in os.environ or "service.name=" in os.environ.get(
@@ -91,8 +90,8 @@ def start() -> bool:
     resource = _hashed(Resource.create({} if named else {"service.name": "darkroom"}))
     provider = TracerProvider(resource=resource, id_generator=_preset_ids())
     exporter = OTLPSpanExporter(timeout=None if _timeout_set() else EXPORT_TIMEOUT_S)
-    processor = spanbatch.otlp(exporter, confirmations.process_ids, confirmations.delivered)
-    provider.add_span_processor(processor)  # type: ignore[arg-type]  # a SpanProcessor by its methods
+    processor = BatchSpanProcessor(confirmations.confirming(exporter))
+    provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     use(provider, processor)
     metrics.exemplars_from(exemplar)
