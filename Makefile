@@ -82,10 +82,16 @@ examples/node/node_modules: examples/node/package-lock.json
 	cd examples/node && npm ci --no-audit --no-fund
 	touch $@
 
+# Real camera RAW files (tests/test_real_raw.py), from PyPI, each checked by its SHA-256.
+SAMPLES := .cache/samples/.fetched
+$(SAMPLES): tests/fetch_samples.py
+	$(BIN)/python tests/fetch_samples.py $(@D)
+	touch $@
+
 # darkroom's own modules too (an editable install is not compiled by the sync).
 COMPILE := $(BIN)/python -m compileall -q src
 
-pytest: $(STAMP) services /usr/bin/chromium $(PROMTOOL) examples/node/node_modules
+pytest: $(STAMP) services /usr/bin/chromium $(PROMTOOL) examples/node/node_modules $(SAMPLES)
 	@$(COMPILE)
 	$(BIN)/pytest -q
 

@@ -18,8 +18,13 @@ from collections.abc import Sequence
 import numpy as np
 import pyvips
 
-from darkroom.errors import CorruptImageError, ImageTooLargeError, UnsupportedFormatError
-from darkroom.image import crops, raw
+from darkroom.errors import (
+    CorruptImageError,
+    DarkroomError,
+    ImageTooLargeError,
+    UnsupportedFormatError,
+)
+from darkroom.image import crops, raw, tones
 from darkroom.image.results import Decoded, Source
 from darkroom.settings import RenditionSpec
 
@@ -31,7 +36,18 @@ def decoded(data: bytes, fmt: str, specs: Sequence[RenditionSpec], max_pixels: i
     image, width, height = decode(data, fmt, specs, max_pixels)
     needed = crops.decode_edge(specs, width, height)
     image = image.thumbnail_image(needed, height=needed, size="down").copy_memory()
+    image = tones.matched(image, _camera_look(data, fmt, max_pixels)).copy_memory()
     return image, Source(fmt, width, height, exif=raw.exif_of(data))
+
+
+def _camera_look(data: bytes, fmt: str, max_pixels: int) -> pyvips.Image | None:
+    """The camera's rendering of the frame, small: its largest embedded preview, whatever its
+    size; None when it has none (or none that decodes: the tones are then LibRaw's)."""
+    try:
+        shown = raw.preview(data, fmt, 1, max_pixels, decoder=True)
+        return pyvips.Image.thumbnail_buffer(shown.jpeg, tones.SAMPLE_EDGE).copy_memory()
+    except (DarkroomError, pyvips.Error):
+        return None
 
 
 @functools.cache
