@@ -117,11 +117,15 @@ def test_no_stage_span_outside_a_recording_span(memory: Any) -> None:
     ran = []
     with tracing.span("ack"):
         ran.append("ack")
+        assert not tracing.recording()
     _, _, carrier = producer_span()
     unsampled = {"traceparent": carrier["traceparent"][:-2] + "00"}
     with tracing.delivery(delivered(unsampled), 1, "s", "g"), tracing.span("claim"):
         ran.append("claim")
+        assert not tracing.recording()  # so the render process times no stage either
     assert ran == ["ack", "claim"] and memory.get_finished_spans() == ()
+    with tracing.delivery(delivered(carrier), 1, "s", "g"):
+        assert tracing.recording()
 
 
 def test_stages_encode_with_the_tracers_spans_under_one_resource_and_scope(memory: Any) -> None:

@@ -124,7 +124,7 @@ class Jobs(WaitsInPlace):
             result = await self.renderer.render(
                 original, specs, interactive=entry.lane == "interactive",
                 started=_wait_observer(entry, deliveries),
-                traceparent=tracing.injected().get("traceparent"),
+                time_stages=tracing.recording(),
             )  # fmt: skip
             tracing.rendered(result.stages)
         metrics.observe(metrics.RENDER_PEAK_RSS_MB, result.peak_rss_mb)

@@ -311,29 +311,36 @@ def span(name: str) -> Iterator[None]:
         stagespans.end(stage)
 
 
+def recording() -> bool:
+    """Whether a stage begun here would be recorded (a sampled delivery's span is current)."""
+    return _recording_context() is not None
+
+
 def _recording_context() -> Any:
     """The context of the current stage, else of the current span if it records; None when
     off or outside any (a stage there would be a trace of its own, of no photo)."""
     if _tracer is None:
         return None
-    stage = stagespans.current.get()
-    if stage is not None:
-        return stage.context
-    from opentelemetry import trace
-
-    current = trace.get_current_span()
-    return current.get_span_context() if current.is_recording() else None
+    context, recording = _current()
+    return context if recording else None
 
 
 def _current_context() -> Any:
     """The SpanContext an exemplar, a log line or a propagated context names: the current
     stage's, else the current span's."""
+    return _current()[0]
+
+
+def _current() -> tuple[Any, bool]:
+    """The current stage's context, else the current span's; and whether it records (a stage
+    is made only under a span that does)."""
     stage = stagespans.current.get()
     if stage is not None:
-        return stage.context
+        return stage.context, True
     from opentelemetry import trace
 
-    return trace.get_current_span().get_span_context()
+    current = trace.get_current_span()
+    return current.get_span_context(), current.is_recording()
 
 
 def rendered(stages: Iterable[Any]) -> None:

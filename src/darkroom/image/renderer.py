@@ -184,14 +184,14 @@ class RenderPool:
         *,
         interactive: bool = False,
         started: Callable[[], object] | None = None,
-        traceparent: str | None = None,
+        time_stages: bool = False,
     ) -> RenderResult:
         """Render in a warm process; raises the render's DarkroomError, or timeout, crash
         and out-of-memory codes. A cancelled render kills and reaps its process.
         `interactive` may use a reserved slot. Once it holds a slot, the photo waits until its
         estimated decode memory fits the budget; `started` is called when it is admitted.
-        Neither wait counts towards `timeout_s`: that bounds the render alone. A `traceparent`
-        (the worker's render span) has the process time its stages into the result."""
+        Neither wait counts towards `timeout_s`: that bounds the render alone. `time_stages` (the
+        worker's render span records) has the process time its stages into the result."""
         async with self._slot(interactive) as kind, self._memory(data, interactive) as mb:
             if started is not None:
                 started()
@@ -205,7 +205,7 @@ class RenderPool:
                 await self._trim_idle()
             elif child.trimmed < self._trim_generation:
                 child = await self._trimmed(child, kind)
-            request = (data, tuple(specs), self.max_pixels, traceparent)
+            request = (data, tuple(specs), self.max_pixels, time_stages)
             reply = await self._exchange(child, request)
             if reply[0] == "died":
                 await self._reap(child, "crashed", timeout_s=_CLOSE_WAIT_S)

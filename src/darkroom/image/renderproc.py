@@ -95,9 +95,9 @@ def _serve_one(conn: Connection, memory_mb: int, peak_before: int) -> Served | N
         if request == TRIM:
             _LIBC.malloc_trim(0)
             return "trimmed", None, _status_mbs("VmHWM", "VmRSS", "VmPeak")
-        data, specs, max_pixels, traceparent = request
+        data, specs, max_pixels, time_stages = request
         # a traced photo's stages are timed here for the worker's spans (it has the context)
-        kind, value = "ok", render(data, specs, max_pixels, Stages(traceparent is not None))
+        kind, value = "ok", render(data, specs, max_pixels, Stages(time_stages))
     except EOFError:
         return None
     except (MemoryError, DarkroomError) as exc:
