@@ -1,7 +1,7 @@
-"""Real camera RAW files for the tests, fetched from a package registry (PyPI is reachable
-wherever darkroom installs): `make` runs this before the tests, and the tests read the files
-from `.cache/samples/`. Each file is checked against its SHA-256; the archive it comes in is
-checked against the index's hash.
+"""Real camera RAW files for the tests, fetched from package registries (PyPI and Debian's
+archive are reachable wherever darkroom installs): `make` runs this before the tests, and the
+tests read the files from `.cache/samples/`. Each archive is checked against its SHA-256 (the
+index's or the Debian source package's), and each file taken from it against its own.
 
     python tests/fetch_samples.py DEST_DIR
 """
@@ -15,46 +15,73 @@ import sys
 import tarfile
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
-# (saved as, PyPI project, sdist, member, the member's SHA-256, what it is)
+
+class Sample(NamedTuple):
+    saved_as: str
+    archive: str  # a PyPI sdist ("pypi:PROJECT/FILE") or a URL in Debian's archive
+    archive_sha256: str  # empty for PyPI: the index's own hash is checked instead
+    member: str
+    sha256: str
+    what: str
+
+
+DEBIAN = "http://deb.debian.org/debian/pool/main"
 SAMPLES = [
-    (
+    Sample(
         "sony-ilce-7rm3.arw",
-        "libraw-cffi",
-        "libraw_cffi-0.19.0.tar.gz",
+        "pypi:libraw-cffi/libraw_cffi-0.19.0.tar.gz",
+        "",
         "libraw_cffi-0.19.0/libraw_cffi/tests/_DSC2164.ARW",
         "42ec55eef6047c1bfbd1fd05fdcae78993f3513814138eff4cbcf9498c57d4e6",
         "Sony ILCE-7RM3 ARW (MIT, libraw-cffi's test file): 1616×1080 preview, 5184×3464 sensor",
     ),
+    Sample(
+        "canon-eos-r6-pruned.cr3",
+        f"{DEBIAN}/e/exiv2/exiv2_0.27.6.orig.tar.gz",
+        "f16ee5ff08b6994c66106109417857f13e711fca100ac43c6a403d4f02b59602",
+        "exiv2-0.27.6/test/data/Canon-R6-pruned.CR3",
+        "7925cecf128cb8e272853d3b590031d250ac97a60a937b9044c446081a0104ec",
+        "Canon EOS R6 CR3 (GPL-2+, exiv2's test file): 1620×1080 preview, sensor data pruned",
+    ),
 ]
 
 
-def _sdist(project: str, filename: str) -> bytes:
-    index = urllib.request.Request(
-        f"https://pypi.org/simple/{project}/",
-        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
-    )
-    with urllib.request.urlopen(index, timeout=60) as reply:
-        files = json.load(reply)["files"]
-    entry = next(f for f in files if f["filename"] == filename)
-    with urllib.request.urlopen(entry["url"], timeout=300) as reply:
-        data = bytes(reply.read())
-    if hashlib.sha256(data).hexdigest() != entry["hashes"]["sha256"]:
-        raise SystemExit(f"{filename}: not the archive the index lists")
+def _get(url: str, timeout_s: float = 300) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+        return bytes(reply.read())
+
+
+def _archive(sample: Sample) -> bytes:
+    if not sample.archive.startswith("pypi:"):
+        data = _get(sample.archive)
+        expected = sample.archive_sha256
+    else:
+        project, filename = sample.archive.removeprefix("pypi:").split("/")
+        index = urllib.request.Request(
+            f"https://pypi.org/simple/{project}/",
+            headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+        )
+        with urllib.request.urlopen(index, timeout=60) as reply:
+            entry = next(f for f in json.load(reply)["files"] if f["filename"] == filename)
+        data, expected = _get(entry["url"]), entry["hashes"]["sha256"]
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise SystemExit(f"{sample.archive}: not the archive expected (SHA-256)")
     return data
 
 
 def fetch(dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
-    for name, project, filename, member, sha256, _ in SAMPLES:
-        target = dest / name
-        if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == sha256:
+    for sample in SAMPLES:
+        target = dest / sample.saved_as
+        if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == sample.sha256:
             continue
-        with tarfile.open(fileobj=io.BytesIO(_sdist(project, filename))) as archive:
-            extracted = archive.extractfile(member)
+        with tarfile.open(fileobj=io.BytesIO(_archive(sample))) as archive:
+            extracted = archive.extractfile(sample.member)
             data = extracted.read() if extracted else b""
-        if hashlib.sha256(data).hexdigest() != sha256:
-            raise SystemExit(f"{name}: {member} of {filename} is not the file the tests expect")
+        if hashlib.sha256(data).hexdigest() != sample.sha256:
+            raise SystemExit(f"{sample.saved_as}: {sample.member} is not the file expected")
         target.write_bytes(data)
 
 

@@ -157,6 +157,28 @@ def cr3() -> bytes:
     return struct.pack(">I", 8 + len(ftyp)) + b"ftyp" + ftyp + b"\0\0\0\x08free"
 
 
+def _box(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", 8 + len(payload)) + kind + payload
+
+
+def cr3_with(jpeg: bytes, make: str = "Canon", orientation: int = 1) -> bytes:
+    """A CR3 laid out as Canon's (the layout LibRaw and exiftool read): CMT1 (IFD0: make,
+    model, orientation) and CMT2 (the EXIF IFD: capture time) in Canon's uuid box in `moov`,
+    the camera's JPEG in `PRVW` in the preview uuid box, and sensor data LibRaw cannot read."""
+    first = Tiff("<")
+    ifd0 = first.finish(first.ifd({MAKE: make, MODEL: f"{make} EOS Test",
+                                   ORIENTATION: (SHORT, [orientation])}))  # fmt: skip
+    second = Tiff("<")
+    exif = second.finish(second.ifd({DATETIME_ORIGINAL: "2023:01:02 03:04:05"}))
+    canon = bytes.fromhex("85c0b687820f11e08111f4ce462b6a48")
+    moov = _box(b"moov", _box(b"uuid", canon + _box(b"CMT1", ifd0) + _box(b"CMT2", exif)))
+    size = pyvips.Image.new_from_buffer(jpeg, "")
+    prvw = struct.pack(">IHHHHI", 0, 1, size.width, size.height, 1, len(jpeg)) + jpeg
+    preview_id = bytes.fromhex("eaf42b5e1c984b88b9fbb7dc406e4d16")
+    preview = _box(b"uuid", preview_id + bytes(8) + _box(b"PRVW", prvw))
+    return cr3()[:-8] + moov + preview + _box(b"mdat", bytes(64))
+
+
 # XYZ (D65) to linear sRGB: a camera whose raw channels are linear sRGB's, for ColorMatrix1
 _XYZ_TO_SRGB = (3.2406, -1.5372, -0.4986, -0.9689, 1.8758, 0.0415, 0.0557, -0.2040, 1.0570)
 WHITE = 4095  # a 12-bit sensor's white level

@@ -35,6 +35,10 @@ def _cameras() -> dict[str, tuple[bytes, str]]:
         "rw2": (rawcraft.tiff_raw("Panasonic", layout="rw2", magic=b"IIU\0"), "Panasonic"),
         "orf": (rawcraft.tiff_raw("OLYMPUS IMAGING CORP.", magic=b"IIRO"), "OLYMPUS IMAGING CORP."),
         "raf": (rawcraft.raf(fuji), "FUJIFILM"),
+        "cr3": (
+            rawcraft.cr3_with(rawcraft.preview(600, 400, orientation=6), orientation=6),
+            "Canon",
+        ),
     }
 
 

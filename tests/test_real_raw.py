@@ -1,8 +1,10 @@
-"""A real camera's RAW through the worker: a Sony ILCE-7RM3 ARW (libraw-cffi's MIT-licensed
-test file, fetched from PyPI by tests/fetch_samples.py into .cache/samples). Its camera preview
-is 1616×1080, shorter than the default 2048 px rendition, so LibRaw decodes the sensor; with
-renditions the preview covers, the preview serves. Either way: upright sRGB renditions of the
-picture the camera saw, in its tones, and the camera's own facts."""
+"""Real cameras' RAW files through the worker, fetched by tests/fetch_samples.py into
+.cache/samples. A Sony ILCE-7RM3 ARW (libraw-cffi's MIT-licensed test file, from PyPI): its
+camera preview is 1616×1080, shorter than the default 2048 px rendition, so LibRaw decodes the
+sensor; with renditions the preview covers, the preview serves. Either way: upright sRGB
+renditions of the picture the camera saw, in its tones, and the camera's own facts. A Canon
+EOS R6 CR3 (exiv2's test file, from Debian's archive) whose sensor data was pruned: LibRaw
+cannot decode it, so its 1620×1080 preview serves, with the facts of its CMT boxes."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from tests.conftest import Env
 
 SAMPLES = Path(__file__).resolve().parent.parent / ".cache" / "samples"
 ARW = "sony-ilce-7rm3.arw"
+CR3 = "canon-eos-r6-pruned.cr3"
 
 
 def _sample(name: str) -> Path:
@@ -48,16 +51,18 @@ def _likeness(a: pyvips.Image, b: pyvips.Image) -> float:
     return float((x * y).mean())
 
 
-def _camera_preview(data: bytes) -> pyvips.Image:
+def _camera_preview(data: bytes, kind: str = "arw") -> pyvips.Image:
     """The camera's own rendering of the frame, upright: the file's largest preview."""
-    shown = raw.preview(data, "arw", needed_edge=0, max_pixels=10**9, decoder=False)
+    shown = raw.preview(data, kind, needed_edge=0, max_pixels=10**9, decoder=False)
     return pyvips.Image.new_from_buffer(shown.jpeg, "").autorot()
 
 
-def _processed(env: Env, tmp_path: Path, **extra: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _processed(
+    env: Env, tmp_path: Path, sample: str = ARW, **extra: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The photo's row and its renditions by name, after one worker drained it."""
     original = tmp_path / "original.bin"  # the name says nothing of the format
-    shutil.copy(_sample(ARW), original)
+    shutil.copy(_sample(sample), original)
     [photo_id] = env.ingest([original])
     env.cli("run", "--drain", timeout=600, **extra)
     [row] = env.query("SELECT * FROM photos WHERE id = $1", photo_id)
@@ -112,3 +117,24 @@ def test_a_sony_arw_whose_preview_covers_the_renditions_renders_from_it(
     assert (medium.width, medium.height) == (1024, 684)
     assert medium.interpretation == "srgb"
     assert _likeness(medium, preview) > 0.98
+
+
+def test_a_canon_cr3_without_sensor_data_renders_from_its_preview_with_its_facts(
+    file_env: Env, tmp_path: Path
+) -> None:
+    """Default renditions: LibRaw refuses the pruned sensor data, the camera's 1620 px
+    preview (at least raw.USABLE_EDGE) serves; make, model, lens, exposure and capture time
+    (with its offset) from CMT1 and CMT2."""
+    row, renditions = _processed(file_env, tmp_path, CR3)
+    assert row["format"] == "cr3"
+    assert (row["camera_make"], row["camera_model"]) == ("Canon", "Canon EOS R6")
+    assert row["lens_model"] == "RF70-200mm F2.8 L IS USM"
+    assert str(row["taken_at_local"]) == "2021-05-12 12:21:21.920000"
+    assert (row["width"], row["height"]) == (1620, 1080)
+    assert (renditions["large"]["width"], renditions["large"]["height"]) == (1620, 1080)
+    preview = _camera_preview(_sample(CR3).read_bytes(), "cr3")
+    for name, rendition in renditions.items():
+        image = _stored(file_env, rendition)
+        assert image.interpretation == "srgb", name
+        assert _likeness(image, preview) > 0.95, name
+        assert _likeness(image.flip("horizontal"), preview) < 0.7, name

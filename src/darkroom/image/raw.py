@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import msgspec
 
 from darkroom.errors import CorruptImageError, ImageTooLargeError, UnsupportedFormatError
+from darkroom.image import cr3
 
 _TIFF_MAGIC = {b"II*\0": "<", b"MM\0*": ">"}
 _VARIANT_MAGIC = {b"IIRO": "orf", b"IIRS": "orf", b"MMOR": "orf", b"IIU\0": "rw2"}
@@ -104,9 +105,10 @@ def _chosen(
     data: bytes, fmt: str, needed_edge: int, max_pixels: int, decoder: bool
 ) -> tuple[bytes, int, int, int]:
     """The preview `preview` takes, its size and the RAW's orientation."""
-    if fmt == "cr3":
-        raise UnsupportedFormatError("CR3: embedded previews are not read, and no RAW decoder")
     floor = needed_edge if decoder else USABLE_EDGE
+    if fmt == "cr3":  # ISO-BMFF: no IFDs, and its sensor's size is not read here
+        found = _largest(data, cr3.previews(data), max_pixels)
+        return (*_covering(found, min(needed_edge, floor)), cr3.orientation(data))
     if fmt == "raf":
         return (*_raf(data, min(needed_edge, floor), max_pixels), 1)
     images, previews, orientation = _Tiff(data).walk()
@@ -133,10 +135,11 @@ def half_size(width: int, height: int, needed_edge: int) -> bool:
 
 def exif_of(data: bytes) -> bytes | None:
     """The EXIF a TIFF-based RAW carries in IFD0 and its EXIF IFD, at its start, as a TIFF
-    image/exif.py reads; a RAF's, its preview's APP1; None for a CR3 (ISO-BMFF: its EXIF
-    boxes are not read)."""
+    image/exif.py reads; a RAF's, its preview's APP1; a CR3's, its CMT1 and CMT2 boxes."""
     if data[:15] == _RAF_MAGIC:
         return _raf_exif(data)
+    if data[4:8] == b"ftyp":
+        return cr3.exif(data)
     if data[:4] not in (*_TIFF_MAGIC, *_VARIANT_MAGIC):
         return None
     magic = b"II*\0" if data[:2] == b"II" else b"MM\0*"  # ORF's and RW2's own magic to TIFF's

@@ -1,0 +1,97 @@
+"""Canon CR3 (ISO-BMFF with the `crx ` brand): where the camera keeps its preview and its EXIF,
+as LibRaw and exiftool read them. A top-level `uuid` box (eaf42b5e-...) holds `PRVW`, the
+camera's JPEG rendering (1620×1080 on an EOS R6); the `uuid` box (85c0b687-...) in `moov` holds
+`CMT1` (IFD0 as a TIFF: make, model, orientation) and `CMT2` (the EXIF IFD as a TIFF: capture
+time, exposure). Pure: bytes in; a structure it cannot follow gives no preview and no EXIF,
+and LibRaw, which reads the same file, says what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+from darkroom.errors import CorruptImageError
+from darkroom.image import isobmff
+
+PREVIEW_UUID = bytes.fromhex("eaf42b5e1c984b88b9fbb7dc406e4d16")
+CANON_UUID = bytes.fromhex("85c0b687820f11e08111f4ce462b6a48")
+# A PRVW payload: 4 bytes unknown, 2 unknown, width, height, 2 unknown, the JPEG's length
+_PRVW_HEADER = ">IHHHHI"
+# The preview uuid box: its 16-byte id, then 8 bytes before its first child box
+_PREVIEW_CHILDREN = 24
+
+
+def previews(data: bytes) -> list[tuple[int, int]]:
+    """(offset, length) of the camera's preview JPEG in the file; none if it has none."""
+    try:
+        for kind, body, end in _boxes(data, 0, len(data), top_level=True):
+            if kind == b"uuid" and data[body : body + 16] == PREVIEW_UUID:
+                return list(_prvw(data, body + _PREVIEW_CHILDREN, end))
+    except (CorruptImageError, struct.error):
+        pass
+    return []
+
+
+def _prvw(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
+    for kind, body, stop in _boxes(data, start, end):
+        if kind == b"PRVW" and stop - body >= struct.calcsize(_PRVW_HEADER):
+            length = struct.unpack_from(_PRVW_HEADER, data, body)[-1]
+            jpeg = body + struct.calcsize(_PRVW_HEADER)
+            yield jpeg, min(length, stop - jpeg)
+
+
+def exif(data: bytes) -> bytes | None:
+    """IFD0 (CMT1) with the EXIF IFD (CMT2) as its sub-IFD: one TIFF, as image/exif.py reads
+    a TIFF-based RAW's; None when the file has neither."""
+    found = _canon_boxes(data)
+    if b"CMT1" not in found:
+        return None
+    from PIL import Image  # as image/exif.py: only a CR3's render maps Pillow in
+
+    main = Image.Exif()
+    main.load(found[b"CMT1"])
+    if b"CMT2" in found:
+        sub = Image.Exif()
+        sub.load(found[b"CMT2"])
+        main[0x8769] = dict(sub)
+    return bytes(main.tobytes())
+
+
+def orientation(data: bytes) -> int:
+    """IFD0's Orientation (CMT1), 1 when absent or unreadable."""
+    found = _canon_boxes(data)
+    if b"CMT1" not in found:
+        return 1
+    from PIL import Image
+
+    tags = Image.Exif()
+    try:
+        tags.load(found[b"CMT1"])
+        value = int(tags.get(0x0112, 1))
+    except Exception:  # a damaged IFD: no orientation, as for a missing one
+        return 1
+    return value if 1 <= value <= 8 else 1
+
+
+def _canon_boxes(data: bytes) -> dict[bytes, bytes]:
+    """The children of Canon's uuid box in `moov` (CMT1..4, THMB), by type."""
+    try:
+        for kind, body, end in _boxes(data, 0, len(data), top_level=True):
+            if kind != b"moov":
+                continue
+            for inner, start, stop in _boxes(data, body, end):
+                if inner == b"uuid" and data[start : start + 16] == CANON_UUID:
+                    return {k: data[b:e] for k, b, e in _boxes(data, start + 16, stop)}
+    except (CorruptImageError, struct.error):
+        pass
+    return {}
+
+
+def _boxes(
+    data: bytes, start: int, end: int, *, top_level: bool = False
+) -> Iterator[tuple[bytes, int, int]]:
+    """(type, payload start, end) of each box in data[start:end]."""
+    view = memoryview(data)[:end]
+    for kind, _, body, stop in isobmff.spans(view, start, top_level=top_level):  # type: ignore[arg-type]
+        yield bytes(kind), body, stop
