@@ -254,6 +254,22 @@ def test_damaged_raw_files_give_codes_never_crashes() -> None:
     assert {"rendered", "corrupt_image"} <= set(outcomes)  # the damage reached both ways
 
 
+def test_damaged_cr3_boxes_give_codes_never_crashes() -> None:
+    """A CR3's boxes and its CMT TIFFs (its first bytes, before the preview's JPEG) cut or
+    flipped: 300 variants, each a render or a coded error."""
+    base = rawcraft.cr3_with(rawcraft.preview(600, 400, orientation=6), orientation=6)
+    rng, outcomes = random.Random(20261207), []
+    head = base.find(b"PRVW") + 40
+    for _ in range(300):
+        cut = rng.randrange(8, head) if rng.random() < 0.2 else len(base)
+        damaged = bytearray(base[:cut])
+        for _ in range(rng.randrange(1, 6)):
+            damaged[rng.randrange(min(len(damaged), head))] = rng.randrange(256)
+        outcomes.append(_outcome(bytes(damaged)))
+    assert set(outcomes) <= {"rendered", "unsupported_format", "corrupt_image", "image_too_large"}
+    assert {"rendered", "corrupt_image"} <= set(outcomes)
+
+
 def test_damaged_sensor_data_gives_codes_never_crashes() -> None:
     """A Bayer DNG (small preview, so LibRaw decodes it) cut short or with bytes flipped,
     mostly in its header and IFDs: 300 variants, each a render or a coded error (LibRaw

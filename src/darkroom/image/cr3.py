@@ -20,6 +20,8 @@ CANON_UUID = bytes.fromhex("85c0b687820f11e08111f4ce462b6a48")
 _PRVW_HEADER = ">IHHHHI"
 # The preview uuid box: its 16-byte id, then 8 bytes before its first child box
 _PREVIEW_CHILDREN = 24
+# A CMT box longer than this is no camera's IFD (an R6's are 0.5–14 KB): not read
+MAX_TIFF_BYTES = 1024 * 1024
 
 
 def previews(data: bytes) -> list[tuple[int, int]]:
@@ -43,19 +45,23 @@ def _prvw(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
 
 def exif(data: bytes) -> bytes | None:
     """IFD0 (CMT1) with the EXIF IFD (CMT2) as its sub-IFD: one TIFF, as image/exif.py reads
-    a TIFF-based RAW's; None when the file has neither."""
+    a TIFF-based RAW's; None when the file has neither, or they do not read (no facts then,
+    as for any photo's damaged EXIF)."""
     found = _canon_boxes(data)
     if b"CMT1" not in found:
         return None
     from PIL import Image  # as image/exif.py: only a CR3's render maps Pillow in
 
-    main = Image.Exif()
-    main.load(found[b"CMT1"])
-    if b"CMT2" in found:
-        sub = Image.Exif()
-        sub.load(found[b"CMT2"])
-        main[0x8769] = dict(sub)
-    return bytes(main.tobytes())
+    try:
+        main = Image.Exif()
+        main.load(found[b"CMT1"])
+        if b"CMT2" in found:
+            sub = Image.Exif()
+            sub.load(found[b"CMT2"])
+            main[0x8769] = dict(sub)
+        return bytes(main.tobytes())
+    except Exception:  # a hostile block may break the reader anywhere
+        return None
 
 
 def orientation(data: bytes) -> int:
@@ -82,7 +88,8 @@ def _canon_boxes(data: bytes) -> dict[bytes, bytes]:
                 continue
             for inner, start, stop in _boxes(data, body, end):
                 if inner == b"uuid" and data[start : start + 16] == CANON_UUID:
-                    return {k: data[b:e] for k, b, e in _boxes(data, start + 16, stop)}
+                    boxes = _boxes(data, start + 16, stop)
+                    return {k: data[b:e] for k, b, e in boxes if e - b <= MAX_TIFF_BYTES}
     except (CorruptImageError, struct.error):
         pass
     return {}
