@@ -9,7 +9,9 @@ and LibRaw, which reads the same file, says what is wrong with it.
 from __future__ import annotations
 
 import struct
+import warnings
 from collections.abc import Iterator
+from typing import Any
 
 from darkroom.errors import CorruptImageError
 from darkroom.image import isobmff
@@ -48,36 +50,46 @@ def exif(data: bytes) -> bytes | None:
     a TIFF-based RAW's; None when the file has neither, or they do not read (no facts then,
     as for any photo's damaged EXIF)."""
     found = _canon_boxes(data)
-    if b"CMT1" not in found:
+    main = _tags(found.get(b"CMT1"))
+    if main is None:
         return None
-    from PIL import Image  # as image/exif.py: only a CR3's render maps Pillow in
-
+    sub = _tags(found.get(b"CMT2"))
     try:
-        main = Image.Exif()
-        main.load(found[b"CMT1"])
-        if b"CMT2" in found:
-            sub = Image.Exif()
-            sub.load(found[b"CMT2"])
+        if sub is not None:
             main[0x8769] = dict(sub)
-        return bytes(main.tobytes())
-    except Exception:  # a hostile block may break the reader anywhere
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return bytes(main.tobytes())
+    except Exception:  # a hostile block may break the writer anywhere
         return None
 
 
 def orientation(data: bytes) -> int:
     """IFD0's Orientation (CMT1), 1 when absent or unreadable."""
-    found = _canon_boxes(data)
-    if b"CMT1" not in found:
+    tags = _tags(_canon_boxes(data).get(b"CMT1"))
+    try:
+        value = int(tags.get(0x0112, 1)) if tags is not None else 1
+    except (TypeError, ValueError):
         return 1
-    from PIL import Image
+    return value if 1 <= value <= 8 else 1
+
+
+def _tags(tiff: bytes | None) -> Any:
+    """A CMT box's IFD as Pillow reads it (warnings of damage silenced: damage is no facts);
+    None when absent or unreadable."""
+    if not tiff:
+        return None
+    from PIL import Image  # as image/exif.py: only a CR3's render maps Pillow in
 
     tags = Image.Exif()
     try:
-        tags.load(found[b"CMT1"])
-        value = int(tags.get(0x0112, 1))
-    except Exception:  # a damaged IFD: no orientation, as for a missing one
-        return 1
-    return value if 1 <= value <= 8 else 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tags.load(tiff)
+            dict(tags)  # reads the entries now, inside the guard
+    except Exception:  # a hostile block may break the reader anywhere
+        return None
+    return tags
 
 
 def _canon_boxes(data: bytes) -> dict[bytes, bytes]:
