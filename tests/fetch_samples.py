@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import sys
 import tarfile
+import time
 import urllib.request
 from pathlib import Path
 from typing import NamedTuple
@@ -20,14 +22,16 @@ from typing import NamedTuple
 
 class Sample(NamedTuple):
     saved_as: str
-    archive: str  # a PyPI sdist ("pypi:PROJECT/FILE") or a URL in Debian's archive
+    archive: str  # a PyPI sdist ("pypi:PROJECT/FILE") or a path in Debian's pool
     archive_sha256: str  # empty for PyPI: the index's own hash is checked instead
     member: str
     sha256: str
     what: str
 
 
-DEBIAN = "http://deb.debian.org/debian/pool/main"
+# Debian's pool, then where a release's pool goes once it is archived (bookworm's, about 2028)
+DEBIAN = ("http://deb.debian.org/debian/pool/main", "http://archive.debian.org/debian/pool/main")
+ATTEMPTS = 3  # a network hiccup must not fail a CI run
 SAMPLES = [
     Sample(
         "sony-ilce-7rm3.arw",
@@ -39,7 +43,7 @@ SAMPLES = [
     ),
     Sample(
         "canon-eos-r6-pruned.cr3",
-        f"{DEBIAN}/e/exiv2/exiv2_0.27.6.orig.tar.gz",
+        "debian:e/exiv2/exiv2_0.27.6.orig.tar.gz",
         "f16ee5ff08b6994c66106109417857f13e711fca100ac43c6a403d4f02b59602",
         "exiv2-0.27.6/test/data/Canon-R6-pruned.CR3",
         "7925cecf128cb8e272853d3b590031d250ac97a60a937b9044c446081a0104ec",
@@ -48,24 +52,37 @@ SAMPLES = [
 ]
 
 
-def _get(url: str, timeout_s: float = 300) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout_s) as reply:
-        return bytes(reply.read())
+def _get(urls: list[str | urllib.request.Request], timeout_s: float = 120) -> bytes:
+    """The first of `urls` that answers, each tried ATTEMPTS times."""
+    failed = []
+    for attempt in range(ATTEMPTS):
+        for url in urls:
+            try:
+                with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+                    return bytes(reply.read())
+            except OSError as exc:  # URLError and timeouts among them
+                name = url.full_url if isinstance(url, urllib.request.Request) else url
+                failed.append(f"{name}: {exc}")
+        time.sleep(2**attempt)
+    raise SystemExit("could not fetch a test sample:\n  " + "\n  ".join(failed))
 
 
 def _archive(sample: Sample) -> bytes:
-    if not sample.archive.startswith("pypi:"):
-        data = _get(sample.archive)
+    kind, _, path = sample.archive.partition(":")
+    if kind == "debian":
+        data = _get([f"{pool}/{path}" for pool in DEBIAN])
         expected = sample.archive_sha256
     else:
-        project, filename = sample.archive.removeprefix("pypi:").split("/")
+        project, filename = path.split("/")
         index = urllib.request.Request(
             f"https://pypi.org/simple/{project}/",
             headers={"Accept": "application/vnd.pypi.simple.v1+json"},
         )
-        with urllib.request.urlopen(index, timeout=60) as reply:
-            entry = next(f for f in json.load(reply)["files"] if f["filename"] == filename)
-        data, expected = _get(entry["url"]), entry["hashes"]["sha256"]
+        files = json.loads(_get([index]))["files"]
+        entry = next((f for f in files if f["filename"] == filename), None)
+        if entry is None:
+            raise SystemExit(f"PyPI lists no {filename} for {project} any more")
+        data, expected = _get([entry["url"]]), entry["hashes"]["sha256"]
     if hashlib.sha256(data).hexdigest() != expected:
         raise SystemExit(f"{sample.archive}: not the archive expected (SHA-256)")
     return data
@@ -82,7 +99,9 @@ def fetch(dest: Path) -> None:
             data = extracted.read() if extracted else b""
         if hashlib.sha256(data).hexdigest() != sample.sha256:
             raise SystemExit(f"{sample.saved_as}: {sample.member} is not the file expected")
-        target.write_bytes(data)
+        partial = target.with_suffix(".partial")  # a reader never sees half a file
+        partial.write_bytes(data)
+        os.replace(partial, target)
 
 
 if __name__ == "__main__":

@@ -161,22 +161,40 @@ def _box(kind: bytes, payload: bytes) -> bytes:
     return struct.pack(">I", 8 + len(payload)) + kind + payload
 
 
-def cr3_with(jpeg: bytes, make: str = "Canon", orientation: int = 1) -> bytes:
+def cr3_with(
+    jpeg: bytes, make: str = "Canon", orientation: int = 1, full: bytes | None = None
+) -> bytes:
     """A CR3 laid out as Canon's (the layout LibRaw and exiftool read): CMT1 (IFD0: make,
-    model, orientation) and CMT2 (the EXIF IFD: capture time) in Canon's uuid box in `moov`,
-    the camera's JPEG in `PRVW` in the preview uuid box, and sensor data LibRaw cannot read."""
-    first = Tiff("<")
-    ifd0 = first.finish(first.ifd({MAKE: make, MODEL: f"{make} EOS Test",
-                                   ORIENTATION: (SHORT, [orientation])}))  # fmt: skip
-    second = Tiff("<")
-    exif = second.finish(second.ifd({DATETIME_ORIGINAL: "2023:01:02 03:04:05"}))
+    model, orientation), CMT2 (the EXIF IFD: capture time) and CMT4 (the GPS IFD) in Canon's
+    uuid box in `moov`, with a track whose first sample is `full` (the camera's full-size
+    JPEG) when given, `jpeg` in `PRVW` in the preview uuid box, and sensor data LibRaw cannot
+    read."""
     canon = bytes.fromhex("85c0b687820f11e08111f4ce462b6a48")
-    moov = _box(b"moov", _box(b"uuid", canon + _box(b"CMT1", ifd0) + _box(b"CMT2", exif)))
+    cmts = _box(b"CMT1", _ifd({MAKE: make, MODEL: f"{make} EOS Test",
+                               ORIENTATION: (SHORT, [orientation])}))  # fmt: skip
+    cmts += _box(b"CMT2", _ifd({DATETIME_ORIGINAL: "2023:01:02 03:04:05"}))
+    cmts += _box(b"CMT4", _ifd({1: "N", 2: (RATIONAL, [48, 1, 51, 1, 0, 1]), 3: "E",
+                                4: (RATIONAL, [2, 1, 21, 1, 0, 1])}))  # fmt: skip
     size = pyvips.Image.new_from_buffer(jpeg, "")
     prvw = struct.pack(">IHHHHI", 0, 1, size.width, size.height, 1, len(jpeg)) + jpeg
     preview_id = bytes.fromhex("eaf42b5e1c984b88b9fbb7dc406e4d16")
     preview = _box(b"uuid", preview_id + bytes(8) + _box(b"PRVW", prvw))
-    return cr3()[:-8] + moov + preview + _box(b"mdat", bytes(64))
+    sample = full or bytes(64)
+
+    def moov(offset: int) -> bytes:
+        table = _box(b"stsz", struct.pack(">IIII", 0, 0, 1, len(sample)))
+        table += _box(b"co64", struct.pack(">IIQ", 0, 1, offset))
+        track = _box(b"trak", _box(b"mdia", _box(b"minf", _box(b"stbl", table))))
+        return _box(b"moov", _box(b"uuid", canon + cmts) + track)
+
+    head = cr3()[:-8]
+    start = len(head) + len(moov(0)) + len(preview) + 8  # the sample, first in `mdat`
+    return head + moov(start) + preview + _box(b"mdat", sample)
+
+
+def _ifd(entries: dict[int, Value]) -> bytes:
+    tiff = Tiff("<")
+    return tiff.finish(tiff.ifd(entries))
 
 
 # XYZ (D65) to linear sRGB: a camera whose raw channels are linear sRGB's, for ColorMatrix1

@@ -12,7 +12,7 @@ import pytest
 import pyvips
 
 from darkroom.errors import CorruptImageError, DarkroomError, UnsupportedFormatError
-from darkroom.image import pipeline, raw
+from darkroom.image import cr3, exif, pipeline, raw
 from darkroom.settings import RenditionSpec
 from tests import rawcraft
 from tests.conftest import Env
@@ -42,12 +42,13 @@ def _cameras() -> dict[str, tuple[bytes, str]]:
     }
 
 
-def _upright_quadrants(data: bytes) -> None:
+def _upright_quadrants(data: bytes, size: tuple[int, int] = (400, 600)) -> None:
     image = pyvips.Image.new_from_buffer(data, "")
-    assert (image.width, image.height) == (400, 600)  # stored 600×400, orientation 6
+    assert (image.width, image.height) == size  # stored turned, orientation 6
     assert image.interpretation == "srgb"
-    expected = {(100, 150): (220, 30, 30), (300, 150): (30, 200, 30), (100, 450): (30, 60, 220)}
-    for (x, y), colour in expected.items():
+    colours = {(1, 1): (220, 30, 30), (3, 1): (30, 200, 30), (1, 3): (30, 60, 220)}
+    for (qx, qy), colour in colours.items():
+        x, y = qx * size[0] // 4, qy * size[1] // 4
         got = image(x, y)[:3]
         assert max(abs(a - b) for a, b in zip(got, colour, strict=True)) < 30, (x, y, got)
 
@@ -252,6 +253,24 @@ def test_damaged_raw_files_give_codes_never_crashes() -> None:
             outcomes.append(_outcome(bytes(damaged)))
     assert set(outcomes) <= {"rendered", "unsupported_format", "corrupt_image", "image_too_large"}
     assert {"rendered", "corrupt_image"} <= set(outcomes)  # the damage reached both ways
+
+
+def test_a_cr3_renders_from_its_full_size_jpeg_when_that_covers() -> None:
+    """A CR3's first track holds the camera's full-size JPEG: it serves where it covers the
+    renditions (the 300 px PRVW would not), upright by CMT1's orientation, no LibRaw run."""
+    full = rawcraft.preview(1200, 800, orientation=6)
+    data = rawcraft.cr3_with(rawcraft.preview(300, 200, orientation=6), orientation=6, full=full)
+    result = pipeline.render(data, [RenditionSpec("large", 1000, "png", 100)], 100_000_000)
+    assert (result.facts.format, result.facts.width, result.facts.height) == ("cr3", 800, 1200)
+    [large] = result.renditions
+    _upright_quadrants(large.data, (667, 1000))
+
+
+def test_a_cr3s_gps_ifd_is_read_with_its_exif() -> None:
+    """CMT4 is the GPS IFD: the location (kept with DARKROOM_KEEP_LOCATION) as for any RAW."""
+    capture = exif.read(cr3.exif(rawcraft.cr3_with(rawcraft.preview(300, 200))))
+    assert capture.camera_model == "Canon EOS Test"
+    assert capture.latitude == pytest.approx(48.85) and capture.longitude == pytest.approx(2.35)
 
 
 def test_damaged_cr3_boxes_give_codes_never_crashes() -> None:

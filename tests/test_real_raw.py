@@ -28,7 +28,7 @@ CR3 = "canon-eos-r6-pruned.cr3"
 def _sample(name: str) -> Path:
     path = SAMPLES / name
     if not path.exists():
-        pytest.fail(f"{path} is missing: `make .cache/samples/.fetched` fetches it")
+        pytest.fail(f"{path} is missing: `make samples` fetches it")
     return path
 
 

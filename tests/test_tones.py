@@ -78,3 +78,17 @@ def test_curves_are_monotone_keep_black_and_reach_white_without_steep_steps(
     rejoined = 1 + int(np.argmax(curve[1:] == steep[1:]))
     assert 0 < rejoined < 64
     assert (curve[rejoined:] == steep[rejoined:]).all()
+
+
+def test_white_stays_white_when_the_decode_clips_its_lights() -> None:
+    """LibRaw clips about 1 % of a photo's pixels at 255: its top percentile then sits at white,
+    and the curve must still take white to white (clipped lamps stay white, not grey)."""
+    rng = np.random.default_rng(11)
+    target = np.concatenate((np.clip(rng.normal(100, 40, 99_400), 0, 250), np.full(600, 255.0)))
+    for clipped in (0.009, 0.011, 0.05):
+        count = int(100_000 * clipped)
+        body = np.clip(rng.normal(80, 35, 100_000 - count), 0, 254)
+        curve = tones._curve(np.concatenate((body, np.full(count, 255.0))), target)
+        assert curve[255] == 255, clipped
+        if clipped < 0.02:  # a hair of clipping leaves the lights where the preview has them
+            assert curve[250] >= 240, clipped

@@ -1,9 +1,10 @@
-"""Canon CR3 (ISO-BMFF with the `crx ` brand): where the camera keeps its preview and its EXIF,
-as LibRaw and exiftool read them. A top-level `uuid` box (eaf42b5e-...) holds `PRVW`, the
-camera's JPEG rendering (1620×1080 on an EOS R6); the `uuid` box (85c0b687-...) in `moov` holds
-`CMT1` (IFD0 as a TIFF: make, model, orientation) and `CMT2` (the EXIF IFD as a TIFF: capture
-time, exposure). Pure: bytes in; a structure it cannot follow gives no preview and no EXIF,
-and LibRaw, which reads the same file, says what is wrong with it.
+"""Canon CR3 (ISO-BMFF with the `crx ` brand): where the camera keeps its JPEGs and its EXIF,
+as LibRaw and exiftool read them. The first track's sample is a JPEG at the camera's own JPEG
+size (its `stsz` and `co64` name it); a top-level `uuid` box (eaf42b5e-...) holds `PRVW`, a
+1620×1080 JPEG; the `uuid` box (85c0b687-...) in `moov` holds `CMT1` (IFD0 as a TIFF: make,
+model, orientation), `CMT2` (the EXIF IFD: capture time, exposure) and `CMT4` (the GPS IFD).
+Pure: bytes in; a structure it cannot follow gives no JPEG and no EXIF, and LibRaw, which reads
+the same file, says what is wrong with it.
 """
 
 from __future__ import annotations
@@ -24,17 +25,27 @@ _PRVW_HEADER = ">IHHHHI"
 _PREVIEW_CHILDREN = 24
 # A CMT box longer than this is no camera's IFD (an R6's are 0.5–14 KB): not read
 MAX_TIFF_BYTES = 1024 * 1024
+# Boxes read at one level at most (a camera's file has about ten): the walk runs on the
+# worker's loop for the memory estimate, and a file of millions of 8-byte boxes must not
+# hold it for seconds
+MAX_BOXES = 256
+# The IFDs the CMT boxes hold, by the IFD0 tag that points to each in a TIFF RAW
+_SUB_IFDS = {b"CMT2": 0x8769, b"CMT4": 0x8825}
 
 
 def previews(data: bytes) -> list[tuple[int, int]]:
-    """(offset, length) of the camera's preview JPEG in the file; none if it has none."""
+    """(offset, length) of each JPEG the camera embedded (PRVW and the first track's); none if
+    the structure does not read. Each is checked as a JPEG by whoever takes it."""
+    found: list[tuple[int, int]] = []
     try:
         for kind, body, end in _boxes(data, 0, len(data), top_level=True):
             if kind == b"uuid" and data[body : body + 16] == PREVIEW_UUID:
-                return list(_prvw(data, body + _PREVIEW_CHILDREN, end))
+                found.extend(_prvw(data, body + _PREVIEW_CHILDREN, end))
+            elif kind == b"moov":
+                found.extend(_first_samples(data, body, end))
     except (CorruptImageError, struct.error):
         pass
-    return []
+    return found
 
 
 def _prvw(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
@@ -45,18 +56,52 @@ def _prvw(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
             yield jpeg, min(length, stop - jpeg)
 
 
+def _first_samples(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """Each track's first sample: the first track's is the full-size JPEG, the others' are
+    the sensor data (which is no JPEG, and is left out by the JPEG check)."""
+    for kind, body, stop in _boxes(data, start, end):
+        table = _path(data, body, stop, (b"mdia", b"minf", b"stbl")) if kind == b"trak" else None
+        if table is not None:
+            yield from _first_sample(data, *table)
+
+
+def _path(data: bytes, start: int, end: int, path: tuple[bytes, ...]) -> tuple[int, int] | None:
+    """The payload span of the box at `path` below data[start:end]."""
+    for kind, body, stop in _boxes(data, start, end):
+        if kind == path[0]:
+            return (body, stop) if len(path) == 1 else _path(data, body, stop, path[1:])
+    return None
+
+
+def _first_sample(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """From a sample table: the first sample's size (`stsz`) and offset (`co64` or `stco`)."""
+    size = offset = None
+    for kind, body, stop in _boxes(data, start, end):
+        if kind == b"stsz" and stop - body >= 12:  # version and flags, a size for all, a count
+            size, count = struct.unpack_from(">II", data, body + 4)
+            if size == 0 and count and stop - body >= 16:
+                size = struct.unpack_from(">I", data, body + 12)[0]
+        elif kind in (b"co64", b"stco") and stop - body >= 16:
+            wide = kind == b"co64"
+            if struct.unpack_from(">I", data, body + 4)[0]:
+                offset = struct.unpack_from(">Q" if wide else ">I", data, body + 8)[0]
+    if size and offset is not None:
+        yield offset, size
+
+
 def exif(data: bytes) -> bytes | None:
-    """IFD0 (CMT1) with the EXIF IFD (CMT2) as its sub-IFD: one TIFF, as image/exif.py reads
-    a TIFF-based RAW's; None when the file has neither, or they do not read (no facts then,
-    as for any photo's damaged EXIF)."""
+    """IFD0 (CMT1) with the EXIF IFD (CMT2) and the GPS IFD (CMT4) as its sub-IFDs: one TIFF,
+    as image/exif.py reads a TIFF-based RAW's; None when the file has no IFD0, or it does not
+    read (no facts then, as for any photo's damaged EXIF)."""
     found = _canon_boxes(data)
     main = _tags(found.get(b"CMT1"))
     if main is None:
         return None
-    sub = _tags(found.get(b"CMT2"))
     try:
-        if sub is not None:
-            main[0x8769] = dict(sub)
+        for box, tag in _SUB_IFDS.items():
+            sub = _tags(found.get(box))
+            if sub is not None:
+                main[tag] = dict(sub)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return bytes(main.tobytes())
@@ -79,7 +124,7 @@ def _tags(tiff: bytes | None) -> Any:
     None when absent or unreadable."""
     if not tiff:
         return None
-    from PIL import Image  # as image/exif.py: only a CR3's render maps Pillow in
+    from PIL import Image  # as image/exif.py: only a render that reads EXIF maps Pillow in
 
     tags = Image.Exif()
     try:
@@ -93,24 +138,30 @@ def _tags(tiff: bytes | None) -> Any:
 
 
 def _canon_boxes(data: bytes) -> dict[bytes, bytes]:
-    """The children of Canon's uuid box in `moov` (CMT1..4, THMB), by type."""
+    """The children of Canon's uuid box in `moov` (CMT1..4, THMB), the first of each type."""
+    found: dict[bytes, bytes] = {}
     try:
         for kind, body, end in _boxes(data, 0, len(data), top_level=True):
             if kind != b"moov":
                 continue
             for inner, start, stop in _boxes(data, body, end):
                 if inner == b"uuid" and data[start : start + 16] == CANON_UUID:
-                    boxes = _boxes(data, start + 16, stop)
-                    return {k: data[b:e] for k, b, e in boxes if e - b <= MAX_TIFF_BYTES}
+                    for k, b, e in _boxes(data, start + 16, stop):
+                        if e - b <= MAX_TIFF_BYTES:
+                            found.setdefault(k, data[b:e])
+                    return found
     except (CorruptImageError, struct.error):
         pass
-    return {}
+    return found
 
 
 def _boxes(
     data: bytes, start: int, end: int, *, top_level: bool = False
 ) -> Iterator[tuple[bytes, int, int]]:
-    """(type, payload start, end) of each box in data[start:end]."""
+    """(type, payload start, end) of each box in data[start:end], MAX_BOXES at most."""
     view = memoryview(data)[:end]
-    for kind, _, body, stop in isobmff.spans(view, start, top_level=top_level):  # type: ignore[arg-type]
+    spans = isobmff.spans(view, start, top_level=top_level)  # type: ignore[arg-type]
+    for count, (kind, _, body, stop) in enumerate(spans):
+        if count == MAX_BOXES:
+            raise CorruptImageError(f"CR3: over {MAX_BOXES} boxes at one level")
         yield bytes(kind), body, stop

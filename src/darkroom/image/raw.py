@@ -91,7 +91,20 @@ def preview(data: bytes, fmt: str, needed_edge: int, max_pixels: int, decoder: b
     jpeg, width, height, orientation = _chosen(data, fmt, needed_edge, max_pixels, decoder)
     if fmt == "raf":  # its preview carries the camera's EXIF, orientation included
         return Preview(jpeg, width, height, None)
-    return Preview(_oriented(jpeg, orientation), width, height, exif_of(data))
+    return Preview(_oriented(jpeg, _turn(data, fmt, orientation)), width, height, exif_of(data))
+
+
+def camera_jpeg(data: bytes, fmt: str, max_pixels: int) -> bytes:
+    """The largest embedded preview whatever its size, turned as the RAW is (the camera's own
+    rendering of the frame, for image/tones.py); `unsupported_format` when it has none."""
+    jpeg, _, _, orientation = _chosen(data, fmt, 1, max_pixels, decoder=True)
+    return jpeg if fmt == "raf" else _oriented(jpeg, _turn(data, fmt, orientation))
+
+
+def _turn(data: bytes, fmt: str, orientation: int) -> int:
+    """The RAW's orientation: IFD0's, or a CR3's CMT1 (read only for a preview taken, not for
+    the budget's estimate on the worker's loop: it maps Pillow in)."""
+    return cr3.orientation(data) if fmt == "cr3" else orientation
 
 
 def preview_size(
@@ -108,7 +121,7 @@ def _chosen(
     floor = needed_edge if decoder else USABLE_EDGE
     if fmt == "cr3":  # ISO-BMFF: no IFDs, and its sensor's size is not read here
         found = _largest(data, cr3.previews(data), max_pixels)
-        return (*_covering(found, min(needed_edge, floor)), cr3.orientation(data))
+        return (*_covering(found, min(needed_edge, floor)), 1)  # `_turn` reads its own
     if fmt == "raf":
         return (*_raf(data, min(needed_edge, floor), max_pixels), 1)
     images, previews, orientation = _Tiff(data).walk()

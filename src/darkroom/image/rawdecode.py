@@ -44,8 +44,10 @@ def _camera_look(data: bytes, fmt: str, max_pixels: int) -> pyvips.Image | None:
     """The camera's rendering of the frame, small: its largest embedded preview, whatever its
     size; None when it has none (or none that decodes: the tones are then LibRaw's)."""
     try:
-        shown = raw.preview(data, fmt, 1, max_pixels, decoder=True)
-        return pyvips.Image.thumbnail_buffer(shown.jpeg, tones.SAMPLE_EDGE).copy_memory()
+        jpeg = raw.camera_jpeg(data, fmt, max_pixels)
+        # in sRGB, as the decode is (a camera set to Adobe RGB tags its previews so)
+        look = pyvips.Image.thumbnail_buffer(jpeg, tones.SAMPLE_EDGE, export_profile="srgb")
+        return look.copy_memory()
     except (DarkroomError, pyvips.Error):
         return None
 

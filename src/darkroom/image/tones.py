@@ -1,7 +1,7 @@
 """A sensor decode given the camera's tones: LibRaw renders a RAW colorimetrically, with none of
 the tone curve (and shadow lifting) the camera applied to the JPEG it embedded, so its renditions
 come out darker and flatter than the picture the photographer saw on the camera (a Sony
-ILCE-7RM3's stage photo: mean level 33 against its preview's 51). The embedded preview is the
+ILCE-7RM3's stage photo: mean luma 25 against its preview's 38). The embedded preview is the
 camera's own rendering of the same frame, so its tones are the reference: one curve, from the
 decode's luma percentiles to the preview's, applied to each channel (docs/photos.md#raw-and-dng).
 """
@@ -18,7 +18,8 @@ PERCENTILES = (1, 3, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 85, 90, 95, 97, 99)
 SAMPLE_EDGE = 256
 # The steepest a curve may climb, in output levels per input level: where the decode has
 # almost none of a channel (a stage lit blue has red only in its noise), the preview's
-# percentiles would stretch a few levels over a hundred, and the noise with them.
+# percentiles would stretch it tenfold (that ARW's red: median 2 to 25, 99th 12 to 104), and
+# the noise with it.
 MAX_SLOPE = 4
 # Aspect ratios further apart than this: the preview is letterboxed (or another crop), and
 # only its middle, at the decode's aspect, is compared.
@@ -61,18 +62,21 @@ def _channels(image: pyvips.Image) -> np.ndarray:
 
 def _curve(source: np.ndarray, target: np.ndarray) -> np.ndarray:
     """A monotone 256-entry curve taking `source`'s percentiles to `target`'s, black kept
-    black, no steeper than MAX_SLOPE (where it would be, it falls short of the target and
-    meets it again where the target climbs more slowly)."""
-    xs = np.concatenate(([0.0], np.percentile(source, PERCENTILES), [255.0]))
-    ys = np.concatenate(([0.0], np.percentile(target, PERCENTILES), [255.0]))
-    ys = np.maximum.accumulate(ys)
-    keep = np.concatenate(([True], np.diff(xs) > 0.5))  # flat stretches of the source
-    xs, ys = xs[keep], ys[keep]
-    if xs[-1] < 255.0:
-        xs, ys = np.append(xs, 255.0), np.append(ys, 255.0)
+    black and white white (a percentile already at either end, as LibRaw's clipped lights
+    put its 99th at 255, says nothing of the curve between), no steeper than MAX_SLOPE (where
+    it would be, it falls short of the target and meets it again where the target climbs
+    more slowly)."""
+    points = [(0.0, 0.0)]
+    quantiles = np.percentile(source, PERCENTILES), np.percentile(target, PERCENTILES)
+    for x, y in zip(*quantiles, strict=True):
+        if points[-1][0] + 0.5 < x < 254.5:  # a flat stretch of the source gives one point
+            points.append((float(x), max(float(y), points[-1][1])))
+    points.append((255.0, 255.0))
+    xs, ys = zip(*points, strict=True)
     wanted = np.interp(np.arange(256), xs, ys)
     curve = np.empty(256)
     curve[0] = wanted[0]
     for level in range(1, 256):
         curve[level] = min(wanted[level], curve[level - 1] + MAX_SLOPE)
+    curve[255] = 255.0  # the cap may fall short of it: clipped pixels stay white all the same
     return np.clip(np.rint(curve), 0, 255).astype(np.uint8)
