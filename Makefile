@@ -87,7 +87,7 @@ examples/node/node_modules: examples/node/package-lock.json
 # damaged one is fetched again); the standard library alone, so no venv is needed first.
 .PHONY: samples
 samples:
-	python3 tests/fetch_samples.py .cache/samples
+	$(PYTHON) tests/fetch_samples.py .cache/samples
 
 # darkroom's own modules too (an editable install is not compiled by the sync).
 COMPILE := $(BIN)/python -m compileall -q src

@@ -9,6 +9,7 @@ index's or the Debian source package's), and each file taken from it against its
 from __future__ import annotations
 
 import hashlib
+import http.client
 import io
 import json
 import os
@@ -52,18 +53,20 @@ SAMPLES = [
 ]
 
 
-def _get(urls: list[str | urllib.request.Request], timeout_s: float = 120) -> bytes:
-    """The first of `urls` that answers, each tried ATTEMPTS times."""
+def _get(urls: list[str | urllib.request.Request], timeout_s: float = 60) -> bytes:
+    """The first of `urls` that answers whole, each tried ATTEMPTS times."""
     failed = []
     for attempt in range(ATTEMPTS):
+        if attempt:
+            time.sleep(2**attempt)
         for url in urls:
             try:
                 with urllib.request.urlopen(url, timeout=timeout_s) as reply:
                     return bytes(reply.read())
-            except OSError as exc:  # URLError and timeouts among them
+            # URLError and timeouts are OSErrors; a connection cut mid-body is IncompleteRead
+            except (OSError, http.client.HTTPException) as exc:
                 name = url.full_url if isinstance(url, urllib.request.Request) else url
-                failed.append(f"{name}: {exc}")
-        time.sleep(2**attempt)
+                failed.append(f"{name}: {exc!r}")
     raise SystemExit("could not fetch a test sample:\n  " + "\n  ".join(failed))
 
 
@@ -99,7 +102,7 @@ def fetch(dest: Path) -> None:
             data = extracted.read() if extracted else b""
         if hashlib.sha256(data).hexdigest() != sample.sha256:
             raise SystemExit(f"{sample.saved_as}: {sample.member} is not the file expected")
-        partial = target.with_suffix(".partial")  # a reader never sees half a file
+        partial = target.with_name(target.name + ".partial")  # no reader sees half a file
         partial.write_bytes(data)
         os.replace(partial, target)
 

@@ -162,13 +162,18 @@ def _box(kind: bytes, payload: bytes) -> bytes:
 
 
 def cr3_with(
-    jpeg: bytes, make: str = "Canon", orientation: int = 1, full: bytes | None = None
+    jpeg: bytes,
+    make: str = "Canon",
+    orientation: int = 1,
+    full: bytes | None = None,
+    offsets: bytes = b"co64",
+    tracks: int = 1,
 ) -> bytes:
     """A CR3 laid out as Canon's (the layout LibRaw and exiftool read): CMT1 (IFD0: make,
     model, orientation), CMT2 (the EXIF IFD: capture time) and CMT4 (the GPS IFD) in Canon's
-    uuid box in `moov`, with a track whose first sample is `full` (the camera's full-size
-    JPEG) when given, `jpeg` in `PRVW` in the preview uuid box, and sensor data LibRaw cannot
-    read."""
+    uuid box in `moov`, with `tracks` tracks whose first sample is `full` (the camera's
+    full-size JPEG) when given, located by an `offsets` box (`co64` or `stco`), `jpeg` in
+    `PRVW` in the preview uuid box, and sensor data LibRaw cannot read."""
     canon = bytes.fromhex("85c0b687820f11e08111f4ce462b6a48")
     cmts = _box(b"CMT1", _ifd({MAKE: make, MODEL: f"{make} EOS Test",
                                ORIENTATION: (SHORT, [orientation])}))  # fmt: skip
@@ -183,9 +188,10 @@ def cr3_with(
 
     def moov(offset: int) -> bytes:
         table = _box(b"stsz", struct.pack(">IIII", 0, 0, 1, len(sample)))
-        table += _box(b"co64", struct.pack(">IIQ", 0, 1, offset))
+        entry = ">Q" if offsets == b"co64" else ">I"
+        table += _box(offsets, struct.pack(">II", 0, 1) + struct.pack(entry, offset))
         track = _box(b"trak", _box(b"mdia", _box(b"minf", _box(b"stbl", table))))
-        return _box(b"moov", _box(b"uuid", canon + cmts) + track)
+        return _box(b"moov", _box(b"uuid", canon + cmts) + track * tracks)
 
     head = cr3()[:-8]
     start = len(head) + len(moov(0)) + len(preview) + 8  # the sample, first in `mdat`

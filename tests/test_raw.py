@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 import pyvips
 
-from darkroom.errors import CorruptImageError, DarkroomError, UnsupportedFormatError
+from darkroom.errors import (
+    CorruptImageError,
+    DarkroomError,
+    ImageTooLargeError,
+    UnsupportedFormatError,
+)
 from darkroom.image import cr3, exif, pipeline, raw
 from darkroom.settings import RenditionSpec
 from tests import rawcraft
@@ -264,6 +269,37 @@ def test_a_cr3_renders_from_its_full_size_jpeg_when_that_covers() -> None:
     assert (result.facts.format, result.facts.width, result.facts.height) == ("cr3", 800, 1200)
     [large] = result.renditions
     _upright_quadrants(large.data, (667, 1000))
+
+
+def test_a_cr3s_full_size_jpeg_past_the_budget_leaves_its_prvw_to_serve() -> None:
+    """A lowered DARKROOM_MAX_PIXELS under the camera's JPEG size: the PRVW that fits renders;
+    `image_too_large` only when no JPEG of the file fits."""
+    full = rawcraft.preview(1600, 1066)
+    data = rawcraft.cr3_with(rawcraft.preview(1100, 732), full=full)
+    spec = [RenditionSpec("large", 2000, "png", 100)]
+    assert pipeline.render(data, spec, 1_000_000).facts.width == 1100
+    assert pipeline.render(data, spec, 100_000_000).facts.width == 1600
+    with pytest.raises(ImageTooLargeError):
+        pipeline.render(data, spec, 500_000)
+
+
+def test_only_the_first_tracks_sample_is_a_cr3_preview_candidate() -> None:
+    """The other tracks hold the sensor data (tens of MB): not copied or walked as JPEGs, even
+    when a forged file has hundreds of tracks naming a JPEG; `stco` read as `co64` is."""
+    full = rawcraft.preview(800, 600)
+    data = rawcraft.cr3_with(rawcraft.preview(300, 200), full=full, tracks=200)
+    assert len(cr3.previews(data)) == 2  # the PRVW and the first track's
+    narrow = rawcraft.cr3_with(rawcraft.preview(300, 200), full=full, offsets=b"stco")
+    spans = cr3.previews(narrow)
+    assert len(spans) == 2 and any(narrow[o : o + n] == full for o, n in spans)
+
+
+def test_a_jpeg_whose_size_hides_past_many_segments_is_no_preview() -> None:
+    """The SOF walk is bounded (it runs on the worker's loop for the memory estimate)."""
+    jpeg = rawcraft.preview(64, 48)
+    padded = jpeg[:2] + b"\xff\xe0\x00\x02" * 100_000 + jpeg[2:]
+    assert raw.jpeg_size(jpeg) == (64, 48)
+    assert raw.jpeg_size(padded) is None
 
 
 def test_a_cr3s_gps_ifd_is_read_with_its_exif() -> None:

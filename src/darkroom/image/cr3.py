@@ -29,23 +29,31 @@ MAX_TIFF_BYTES = 1024 * 1024
 # worker's loop for the memory estimate, and a file of millions of 8-byte boxes must not
 # hold it for seconds
 MAX_BOXES = 256
+# A chunk offset box, by the bytes of one entry
+_CHUNK_OFFSETS = {b"co64": 8, b"stco": 4}
 # The IFDs the CMT boxes hold, by the IFD0 tag that points to each in a TIFF RAW
 _SUB_IFDS = {b"CMT2": 0x8769, b"CMT4": 0x8825}
 
 
 def previews(data: bytes) -> list[tuple[int, int]]:
-    """(offset, length) of each JPEG the camera embedded (PRVW and the first track's); none if
-    the structure does not read. Each is checked as a JPEG by whoever takes it."""
-    found: list[tuple[int, int]] = []
+    """(offset, length) of the JPEGs the camera embedded: the first PRVW and the first
+    track's first sample (the other tracks hold the sensor data, tens of MB that are no
+    JPEG); none if the structure does not read. Each is checked as a JPEG by whoever takes
+    it."""
+    found: dict[bytes, tuple[int, int]] = {}
     try:
         for kind, body, end in _boxes(data, 0, len(data), top_level=True):
             if kind == b"uuid" and data[body : body + 16] == PREVIEW_UUID:
-                found.extend(_prvw(data, body + _PREVIEW_CHILDREN, end))
+                span = next(_prvw(data, body + _PREVIEW_CHILDREN, end), None)
             elif kind == b"moov":
-                found.extend(_first_samples(data, body, end))
+                span = _first_track_sample(data, body, end)
+            else:
+                continue
+            if span is not None:
+                found.setdefault(kind, span)
     except (CorruptImageError, struct.error):
         pass
-    return found
+    return list(found.values())
 
 
 def _prvw(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
@@ -56,13 +64,10 @@ def _prvw(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
             yield jpeg, min(length, stop - jpeg)
 
 
-def _first_samples(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
-    """Each track's first sample: the first track's is the full-size JPEG, the others' are
-    the sensor data (which is no JPEG, and is left out by the JPEG check)."""
-    for kind, body, stop in _boxes(data, start, end):
-        table = _path(data, body, stop, (b"mdia", b"minf", b"stbl")) if kind == b"trak" else None
-        if table is not None:
-            yield from _first_sample(data, *table)
+def _first_track_sample(data: bytes, start: int, end: int) -> tuple[int, int] | None:
+    """The first track's first sample: the camera's full-size JPEG."""
+    track = _path(data, start, end, (b"trak", b"mdia", b"minf", b"stbl"))
+    return None if track is None else _first_sample(data, *track)
 
 
 def _path(data: bytes, start: int, end: int, path: tuple[bytes, ...]) -> tuple[int, int] | None:
@@ -73,7 +78,7 @@ def _path(data: bytes, start: int, end: int, path: tuple[bytes, ...]) -> tuple[i
     return None
 
 
-def _first_sample(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
+def _first_sample(data: bytes, start: int, end: int) -> tuple[int, int] | None:
     """From a sample table: the first sample's size (`stsz`) and offset (`co64` or `stco`)."""
     size = offset = None
     for kind, body, stop in _boxes(data, start, end):
@@ -81,12 +86,13 @@ def _first_sample(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]
             size, count = struct.unpack_from(">II", data, body + 4)
             if size == 0 and count and stop - body >= 16:
                 size = struct.unpack_from(">I", data, body + 12)[0]
-        elif kind in (b"co64", b"stco") and stop - body >= 16:
+        elif kind in _CHUNK_OFFSETS and stop - body >= 8 + _CHUNK_OFFSETS[kind]:
+            entries = struct.unpack_from(">I", data, body + 4)[0]
             wide = kind == b"co64"
-            if struct.unpack_from(">I", data, body + 4)[0]:
-                offset = struct.unpack_from(">Q" if wide else ">I", data, body + 8)[0]
-    if size and offset is not None:
-        yield offset, size
+            offset = (
+                struct.unpack_from(">Q" if wide else ">I", data, body + 8)[0] if entries else None
+            )
+    return (offset, size) if size and offset is not None else None
 
 
 def exif(data: bytes) -> bytes | None:

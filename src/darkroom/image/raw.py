@@ -42,6 +42,9 @@ USABLE_EDGE = 1024
 # their preview while a header claiming 10 gigapixels is still refused as a forgery.
 DECLARED_FACTOR = 4
 EXIF_PREFIX_BYTES = 4 * 1024 * 1024  # IFD0 and the EXIF IFD sit at the start of a RAW
+# A camera's preview names its size within a few segments (APPn, the ICC profile's chunks,
+# the tables); a walk past this many is no preview
+MAX_SEGMENTS = 128
 
 # TIFF tags
 _WIDTH, _HEIGHT, _ORIENTATION, _MAKE = 0x0100, 0x0101, 0x0112, 0x010F
@@ -148,7 +151,7 @@ def half_size(width: int, height: int, needed_edge: int) -> bool:
 
 def exif_of(data: bytes) -> bytes | None:
     """The EXIF a TIFF-based RAW carries in IFD0 and its EXIF IFD, at its start, as a TIFF
-    image/exif.py reads; a RAF's, its preview's APP1; a CR3's, its CMT1 and CMT2 boxes."""
+    image/exif.py reads; a RAF's, its preview's APP1; a CR3's, its CMT1, CMT2 and CMT4 boxes."""
     if data[:15] == _RAF_MAGIC:
         return _raf_exif(data)
     if data[4:8] == b"ftyp":
@@ -184,14 +187,24 @@ def _raf(data: bytes, edge: int, max_pixels: int) -> tuple[bytes, int, int]:
 def _largest(
     data: bytes, spans: list[tuple[int, int]], max_pixels: int
 ) -> tuple[bytes, int, int] | None:
-    found = []
-    for offset, length in spans:
-        jpeg = data[offset : offset + length] if offset + length <= len(data) else b""
-        size = jpeg_size(jpeg)
-        if size:
-            _check_pixels(*size, max_pixels)
-            found.append((jpeg, *size))
-    return max(found, key=lambda f: f[1] * f[2], default=None)
+    """The largest JPEG at `spans` within the pixel budget, only it copied out; None when none
+    is a JPEG; `image_too_large` only when every JPEG found is over the budget (a CR3's
+    full-size JPEG past a lowered budget leaves its PRVW to serve)."""
+    view, best, over = memoryview(data), None, None
+    for offset, length in dict.fromkeys(spans):  # each span once, in order
+        size = jpeg_size(view[offset : offset + length]) if offset + length <= len(data) else None
+        if size is None:
+            continue
+        if size[0] * size[1] > max_pixels:
+            over = over or size
+        elif best is None or size[0] * size[1] > best[2] * best[3]:
+            best = (offset, length, *size)
+    if best is None:
+        if over is not None:
+            _check_pixels(*over, max_pixels)
+        return None
+    offset, length, width, height = best
+    return data[offset : offset + length], width, height
 
 
 def _covering(best: tuple[bytes, int, int] | None, edge: int) -> tuple[bytes, int, int]:
@@ -212,13 +225,18 @@ def _check_pixels(width: int, height: int, max_pixels: int) -> None:
         )
 
 
-def jpeg_size(jpeg: bytes) -> tuple[int, int] | None:
-    """Width and height from a baseline/progressive JPEG's SOF; None for anything else."""
+def jpeg_size(jpeg: bytes | memoryview) -> tuple[int, int] | None:
+    """Width and height from a baseline/progressive JPEG's SOF; None for anything else (and
+    for a SOF past MAX_SEGMENTS segments: the walk runs on the worker's loop)."""
     if jpeg[:2] != b"\xff\xd8":
         return None
     pos = 2
-    while pos + 9 <= len(jpeg) and jpeg[pos] == 0xFF:
+    for _ in range(MAX_SEGMENTS):
+        if not (pos + 9 <= len(jpeg) and jpeg[pos] == 0xFF):
+            return None
         marker, length = jpeg[pos + 1], int.from_bytes(jpeg[pos + 2 : pos + 4], "big")
+        if length < 2:  # a segment's length counts its own two bytes
+            return None
         if marker in _SOF_BASELINE:
             height, width = struct.unpack(">HH", jpeg[pos + 5 : pos + 9])
             return (width, height) if width and height else None

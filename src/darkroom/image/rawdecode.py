@@ -45,7 +45,8 @@ def _camera_look(data: bytes, fmt: str, max_pixels: int) -> pyvips.Image | None:
     size; None when it has none (or none that decodes: the tones are then LibRaw's)."""
     try:
         jpeg = raw.camera_jpeg(data, fmt, max_pixels)
-        # in sRGB, as the decode is (a camera set to Adobe RGB tags its previews so)
+        # in sRGB, as the decode is: a preview with an ICC profile of another space is
+        # converted (one without a profile is taken as sRGB, as the JPEG path takes it)
         look = pyvips.Image.thumbnail_buffer(jpeg, tones.SAMPLE_EDGE, export_profile="srgb")
         return look.copy_memory()
     except (DarkroomError, pyvips.Error):
