@@ -115,14 +115,9 @@ def exif(data: bytes) -> bytes | None:
         return None
 
 
-def orientation(data: bytes) -> int:
-    """IFD0's Orientation (CMT1), 1 when absent or unreadable."""
-    tags = _tags(_canon_boxes(data).get(b"CMT1"))
-    try:
-        value = int(tags.get(0x0112, 1)) if tags is not None else 1
-    except (TypeError, ValueError):
-        return 1
-    return value if 1 <= value <= 8 else 1
+def ifd0(data: bytes) -> bytes | None:
+    """CMT1: IFD0 as a TIFF (make, model, orientation); None when the file has none."""
+    return _canon_boxes(data).get(b"CMT1")
 
 
 def _tags(tiff: bytes | None) -> Any:

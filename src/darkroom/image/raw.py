@@ -94,20 +94,14 @@ def preview(data: bytes, fmt: str, needed_edge: int, max_pixels: int, decoder: b
     jpeg, width, height, orientation = _chosen(data, fmt, needed_edge, max_pixels, decoder)
     if fmt == "raf":  # its preview carries the camera's EXIF, orientation included
         return Preview(jpeg, width, height, None)
-    return Preview(_oriented(jpeg, _turn(data, fmt, orientation)), width, height, exif_of(data))
+    return Preview(_oriented(jpeg, orientation), width, height, exif_of(data))
 
 
 def camera_jpeg(data: bytes, fmt: str, max_pixels: int) -> bytes:
     """The largest embedded preview whatever its size, turned as the RAW is (the camera's own
     rendering of the frame, for image/tones.py); `unsupported_format` when it has none."""
     jpeg, _, _, orientation = _chosen(data, fmt, 1, max_pixels, decoder=True)
-    return jpeg if fmt == "raf" else _oriented(jpeg, _turn(data, fmt, orientation))
-
-
-def _turn(data: bytes, fmt: str, orientation: int) -> int:
-    """The RAW's orientation: IFD0's, or a CR3's CMT1 (read only for a preview taken, not for
-    the budget's estimate on the worker's loop: it maps Pillow in)."""
-    return cr3.orientation(data) if fmt == "cr3" else orientation
+    return jpeg if fmt == "raf" else _oriented(jpeg, orientation)
 
 
 def preview_size(
@@ -124,7 +118,7 @@ def _chosen(
     floor = needed_edge if decoder else USABLE_EDGE
     if fmt == "cr3":  # ISO-BMFF: no IFDs, and its sensor's size is not read here
         found = _largest(data, cr3.previews(data), max_pixels)
-        return (*_covering(found, min(needed_edge, floor)), 1)  # `_turn` reads its own
+        return (*_covering(found, min(needed_edge, floor)), _orientation_of(cr3.ifd0(data)))
     if fmt == "raf":
         return (*_raf(data, min(needed_edge, floor), max_pixels), 1)
     images, previews, orientation = _Tiff(data).walk()
@@ -133,6 +127,17 @@ def _chosen(
     sensor_edge = max((max(w, h) for w, h in images), default=0)
     edge = min(needed_edge, sensor_edge or needed_edge, floor)
     return (*_covering(_largest(data, previews, max_pixels), edge), orientation)
+
+
+def _orientation_of(ifd0: bytes | None) -> int:
+    """The orientation in a lone IFD0 as a TIFF (a CR3's CMT1), 1 when it does not read."""
+    if ifd0 is None or ifd0[:4] not in _TIFF_MAGIC:
+        return 1
+    tiff = _Tiff(ifd0)
+    try:
+        return tiff.orientation(tiff.ifd(tiff.first()))
+    except CorruptImageError:
+        return 1
 
 
 def sensor_size(data: bytes) -> tuple[int, int] | None:
@@ -279,12 +284,17 @@ class _Tiff:
         for index, offset in enumerate(self._ifds()):
             tags = self.ifd(offset)
             if index == 0:
-                orientation = (self.values(tags.get(_ORIENTATION)) or [1])[0]
+                orientation = self.orientation(tags)
             size = self.values(tags.get(_WIDTH))[:1] + self.values(tags.get(_HEIGHT))[:1]
             if len(size) == 2:
                 images.append((size[0], size[1]))
             spans += self._spans(tags)
-        return images, spans, orientation if 1 <= orientation <= 8 else 1
+        return images, spans, orientation
+
+    def orientation(self, tags: dict[int, tuple[int, int, bytes]]) -> int:
+        """An IFD's Orientation, 1 when absent or out of range."""
+        value = (self.values(tags.get(_ORIENTATION)) or [1])[0]
+        return value if 1 <= value <= 8 else 1
 
     def _spans(self, tags: dict[int, tuple[int, int, bytes]]) -> Iterator[tuple[int, int]]:
         for start, size in ((_JPEG_OFFSET, _JPEG_BYTES), (_STRIP_OFFSETS, _STRIP_BYTES)):

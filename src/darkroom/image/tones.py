@@ -2,8 +2,9 @@
 the tone curve (and shadow lifting) the camera applied to the JPEG it embedded, so its renditions
 come out darker and flatter than the picture the photographer saw on the camera (a Sony
 ILCE-7RM3's stage photo: mean luma 25 against its preview's 38). The embedded preview is the
-camera's own rendering of the same frame, so its tones are the reference: one curve, from the
-decode's luma percentiles to the preview's, applied to each channel (docs/photos.md#raw-and-dng).
+camera's own rendering of the same frame, so its tones are the reference: for each channel, a
+curve from the decode's percentiles to the preview's, applied in one lookup
+(docs/photos.md#camera-raw).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pyvips
 
-# The luma percentiles the curve passes through: dense where photos put most of their tones,
+# The percentiles each curve passes through: dense where photos put most of their tones,
 # and none at the extremes, where a few clipped or noisy pixels would bend it.
 PERCENTILES = (1, 3, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 85, 90, 95, 97, 99)
 # Sizes whose percentiles are compared: enough pixels for stable statistics, cheap to read.
