@@ -10,6 +10,9 @@ import struct
 import numpy as np
 import pyvips
 
+from tests.heifcraft import box
+from tests.heifcraft import full as full_box
+
 BYTE, ASCII, SHORT, LONG, RATIONAL, UNDEFINED, SRATIONAL = 1, 2, 3, 4, 5, 7, 10
 Value = str | bytes | tuple[int, list[int]]
 MAKE, MODEL, ORIENTATION, EXIF_IFD, SUB_IFDS = 0x010F, 0x0110, 0x0112, 0x8769, 0x014A
@@ -157,10 +160,6 @@ def cr3() -> bytes:
     return struct.pack(">I", 8 + len(ftyp)) + b"ftyp" + ftyp + b"\0\0\0\x08free"
 
 
-def _box(kind: bytes, payload: bytes) -> bytes:
-    return struct.pack(">I", 8 + len(payload)) + kind + payload
-
-
 def cr3_with(
     jpeg: bytes,
     make: str = "Canon",
@@ -175,27 +174,27 @@ def cr3_with(
     full-size JPEG) when given, located by an `offsets` box (`co64` or `stco`), `jpeg` in
     `PRVW` in the preview uuid box, and sensor data LibRaw cannot read."""
     canon = bytes.fromhex("85c0b687820f11e08111f4ce462b6a48")
-    cmts = _box(b"CMT1", _ifd({MAKE: make, MODEL: f"{make} EOS Test",
-                               ORIENTATION: (SHORT, [orientation])}))  # fmt: skip
-    cmts += _box(b"CMT2", _ifd({DATETIME_ORIGINAL: "2023:01:02 03:04:05"}))
-    cmts += _box(b"CMT4", _ifd({1: "N", 2: (RATIONAL, [48, 1, 51, 1, 0, 1]), 3: "E",
-                                4: (RATIONAL, [2, 1, 21, 1, 0, 1])}))  # fmt: skip
+    cmts = box(b"CMT1", _ifd({MAKE: make, MODEL: f"{make} EOS Test",
+                              ORIENTATION: (SHORT, [orientation])}))  # fmt: skip
+    cmts += box(b"CMT2", _ifd({DATETIME_ORIGINAL: "2023:01:02 03:04:05"}))
+    cmts += box(b"CMT4", _ifd({1: "N", 2: (RATIONAL, [48, 1, 51, 1, 0, 1]), 3: "E",
+                               4: (RATIONAL, [2, 1, 21, 1, 0, 1])}))  # fmt: skip
     size = pyvips.Image.new_from_buffer(jpeg, "")
     prvw = struct.pack(">IHHHHI", 0, 1, size.width, size.height, 1, len(jpeg)) + jpeg
     preview_id = bytes.fromhex("eaf42b5e1c984b88b9fbb7dc406e4d16")
-    preview = _box(b"uuid", preview_id + bytes(8) + _box(b"PRVW", prvw))
+    preview = box(b"uuid", preview_id + bytes(8) + box(b"PRVW", prvw))
     sample = full or bytes(64)
 
     def moov(offset: int) -> bytes:
-        table = _box(b"stsz", struct.pack(">IIII", 0, 0, 1, len(sample)))
+        table = full_box(b"stsz", struct.pack(">II", 0, 1) + struct.pack(">I", len(sample)))
         entry = ">Q" if offsets == b"co64" else ">I"
-        table += _box(offsets, struct.pack(">II", 0, 1) + struct.pack(entry, offset))
-        track = _box(b"trak", _box(b"mdia", _box(b"minf", _box(b"stbl", table))))
-        return _box(b"moov", _box(b"uuid", canon + cmts) + track * tracks)
+        table += full_box(offsets, struct.pack(">I", 1) + struct.pack(entry, offset))
+        track = box(b"trak", box(b"mdia", box(b"minf", box(b"stbl", table))))
+        return box(b"moov", box(b"uuid", canon + cmts) + track * tracks)
 
     head = cr3()[:-8]
     start = len(head) + len(moov(0)) + len(preview) + 8  # the sample, first in `mdat`
-    return head + moov(start) + preview + _box(b"mdat", sample)
+    return head + moov(start) + preview + box(b"mdat", sample)
 
 
 def _ifd(entries: dict[int, Value]) -> bytes:
