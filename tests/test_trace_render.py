@@ -41,6 +41,6 @@ def test_the_render_process_stages_are_children_of_the_render_span(
 
 
 def test_an_untraced_render_times_no_stage() -> None:
-    """Without a traceparent the pipeline records no stage: nothing to send back or export."""
+    """Not asked to time its stages, the pipeline records none: nothing to send back or export."""
     result = render(PHOTO.read_bytes(), Settings().renditions, Settings().max_pixels)
     assert result.renditions and result.stages == []
