@@ -17,7 +17,7 @@ from darkroom.errors import (
     ImageTooLargeError,
     UnsupportedFormatError,
 )
-from darkroom.image import cr3, exif, pipeline, raw
+from darkroom.image import cr3, exif, pipeline, raw, rawdecode
 from darkroom.settings import RenditionSpec
 from tests import rawcraft
 from tests.conftest import Env
@@ -141,6 +141,18 @@ def test_a_dng_whose_previews_are_too_small_is_decoded_from_its_sensor_data(
     large = next(r for r in json.loads(row["renditions"]) if r["name"] == "large")
     assert (large["width"], large["height"]) == (400, 600)  # the sensor's, not the preview's
     _upright_quadrants((file_env.tmp / "var" / "storage" / large["key"]).read_bytes())
+
+
+def test_a_cut_preview_gives_no_tones_to_a_sensor_decode() -> None:
+    """The camera's preview is the tone reference only when it decodes whole: a cut one (its
+    size still read from its header) leaves LibRaw's own rendering, not a curve bent towards
+    the grey a lenient decode fills it with."""
+    whole = rawcraft.preview(120, 80)
+    cut = whole[: len(whole) // 2]
+    picture = rawcraft.quadrants(120, 80)
+    assert raw.jpeg_size(cut) == (120, 80)
+    assert rawdecode._camera_look(rawcraft.bayer_dng(picture, 1, jpeg=whole), "dng", 10**8)
+    assert rawdecode._camera_look(rawcraft.bayer_dng(picture, 1, jpeg=cut), "dng", 10**8) is None
 
 
 def test_a_sensor_twice_the_largest_rendition_is_decoded_at_half_size() -> None:

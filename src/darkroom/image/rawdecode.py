@@ -46,8 +46,11 @@ def _camera_look(data: bytes, fmt: str, max_pixels: int) -> pyvips.Image | None:
     try:
         jpeg = raw.camera_jpeg(data, fmt, max_pixels)
         # in sRGB, as the decode is: a preview with an ICC profile of another space is
-        # converted (one without a profile is taken as sRGB, as the JPEG path takes it)
-        look = pyvips.Image.thumbnail_buffer(jpeg, tones.SAMPLE_EDGE, export_profile="srgb")
+        # converted (one without a profile is taken as sRGB, as the JPEG path takes it); and
+        # strictly, as every decode here: a cut preview's grey fill would bend the curves
+        look = pyvips.Image.thumbnail_buffer(
+            jpeg, tones.SAMPLE_EDGE, export_profile="srgb", option_string="fail_on=error"
+        )
         return look.copy_memory()
     except (DarkroomError, pyvips.Error):
         return None
