@@ -71,13 +71,18 @@ async def one_event_per_finish(world: World) -> None:
 
 async def no_stalled_tenant(world: World) -> None:
     """The feeder never counts a tenant's photo in flight that nothing will finish: no
-    live lease holds it and no entry for it is left in the bulk stream. (At most, not
-    equal: an entry fed and not yet read holds no lease, yet is the tenant's work.)"""
+    live lease holds it and no entry for it is left in either stream. (At most, not
+    equal: an entry fed and not yet read holds no lease, yet is the tenant's work.) Either
+    stream: an operator's move into the bulk lane leaves the photo's interactive entry
+    in place, and while that entry's render holds the job the feeder's entry ends `busy`;
+    the interactive entry, reclaimed if its worker stalls, is what finishes the photo."""
     async with world.pool.acquire() as conn:
         counted = await intake.in_flight(conn)
-    raw: Any = await world.client.xrange(world.streams.for_lane("bulk").stream)
-    queued = [uuid.UUID(_text(dict(zip(f[::2], f[1::2], strict=True))["photo_id"]))
-              for _, f in raw]  # fmt: skip
+    queued: list[uuid.UUID] = []
+    for lane in ("bulk", "interactive"):
+        raw: Any = await world.client.xrange(world.streams.for_lane(lane).stream)
+        queued += [uuid.UUID(_text(dict(zip(f[::2], f[1::2], strict=True))["photo_id"]))
+                   for _, f in raw]  # fmt: skip
     rows = await world.pool.fetch(OUTSTANDING_SQL, queued)
     outstanding = {r["tenant"]: r["n"] for r in rows}
     over = {t: n for t, n in counted.items() if n > outstanding.get(t, 0)}
@@ -129,7 +134,8 @@ EVENTS_SQL = f"""
 SELECT photo_id, count(*)::int AS n FROM photo_events
 WHERE type IN ({", ".join(f"'{t}'" for t in FINAL_EVENTS)}) GROUP BY photo_id
 """
-# Bulk photos with work outstanding: a live lease holds the job, or an entry waits for it.
+# Bulk photos with work outstanding: a live lease holds the job, or an entry (of either
+# stream) waits for it.
 OUTSTANDING_SQL = """
 SELECT p.tenant, count(*)::int AS n FROM photos p
 LEFT JOIN photo_jobs j ON j.photo_id = p.id AND j.type = 'process'
