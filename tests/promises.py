@@ -73,9 +73,9 @@ async def no_stalled_tenant(world: World) -> None:
     """The feeder never counts a tenant's photo in flight that nothing will finish: no
     live lease holds it and no entry for it is left in either stream. (At most, not
     equal: an entry fed and not yet read holds no lease, yet is the tenant's work.) Either
-    stream: an operator's move into the bulk lane leaves the photo's interactive entry
-    in place, and while that entry's render holds the job the feeder's entry ends `busy`;
-    the interactive entry, reclaimed if its worker stalls, is what finishes the photo."""
+    stream: a bulk re-render moves a photo into the bulk lane while its interactive entry
+    holds the job; the feeder's entry, whose claim answers `busy`, is acked as a duplicate,
+    and the interactive entry, pending, takes the job on (reclaimed if its worker stalls)."""
     async with world.pool.acquire() as conn:
         counted = await intake.in_flight(conn)
     queued: list[uuid.UUID] = []

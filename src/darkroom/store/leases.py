@@ -92,7 +92,10 @@ class Claim:
 # the intake's, `again`'s). A reclaim of an entry its old holder then finished and acked
 # would otherwise take the job for a re-render under an entry already deleted from the
 # stream: were its worker to die, no reclaim could find the job, and duplicates of the
-# photo, answered `busy` by that lease, are acked meanwhile.
+# photo, answered `busy` by that lease, are acked meanwhile. So is an entry a claim left
+# alone and its worker acked (`dropped`: the photo finished, or a live lease held the job
+# through another entry): the claim notes it in the job's `dropped_entries`, and a worker
+# that read the same entry before and claims it after (it stalled in between) is `spent`.
 # A traced claim ($10: its delivery's span id, else NULL) writes the span id on the attempt
 # row it inserts; and when it takes the job from another delivery whose row is still
 # `running` (its lease ran out, or the sweep re-enqueued the job meanwhile: its worker
@@ -114,7 +117,7 @@ WITH p AS (
     SELECT j.id, j.state, j.attempt, j.run_offset, j.stream_entry, j.consumer, j.error_code,
            j.last_error, j.lease_token, j.started_at, j.lease_until,
            j.state = 'active' AND j.holder = $4 AND j.stream_entry = $2 AS own,
-           j.state = 'done' AND j.stream_entry = $2 AS spent,
+           (j.state = 'done' AND j.stream_entry = $2) OR $2 = ANY(j.dropped_entries) AS spent,
            j.state = 'active' AND j.lease_until > now()
            AND ((j.holder IS DISTINCT FROM $4 AND j.consumer IS DISTINCT FROM $3)
                 OR (j.holder = $4 AND j.stream_entry IS DISTINCT FROM $2)) AS held
@@ -137,6 +140,16 @@ WITH p AS (
     FROM p LEFT JOIN prior ON true
     WHERE NOT p.finished AND NOT coalesce(prior.held, false) AND NOT coalesce(prior.spent, false)
       AND (NOT (SELECT held FROM paused) OR coalesce(prior.own, false))
+), dropped AS (
+    -- what jobs.py acks: `already` (a finished photo) and `busy` under another entry's
+    -- live lease, unless paused (that entry stays pending); the last 16 are kept
+    UPDATE photo_jobs j
+    SET dropped_entries = (j.dropped_entries || $2::text)
+                          [greatest(1, cardinality(j.dropped_entries) - 14):]
+    FROM prior, p
+    WHERE j.id = prior.id AND NOT prior.spent
+      AND (p.finished OR (prior.held AND prior.stream_entry IS DISTINCT FROM $2
+                          AND NOT (SELECT held FROM paused)))
 ), job AS (
     INSERT INTO photo_jobs AS j (id, photo_id, type, state, attempt, run_offset, stream_entry,
                                  consumer, holder, lease_until, started_at, lease_token,

@@ -26,6 +26,14 @@ def published_and_answered(done: str, attempt: int, entry: int) -> str:
         download_ms = {d}, render_ms = {r}, upload_ms = {u}, peak_rss_mb = {m},
         publish_ms = extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000
     WHERE id = ${attempt} AND EXISTS (SELECT 1 FROM photo)
+), dropped AS (
+    -- refused, the entry not the job's (`already`): its worker acks it, so a worker that
+    -- read it before and claims it later takes nothing (leases.CLAIM_SQL, `spent`)
+    UPDATE photo_jobs j SET dropped_entries = (j.dropped_entries || ${entry}::text)
+                                              [greatest(1, cardinality(j.dropped_entries) - 14):]
+    WHERE j.photo_id = $1 AND j.type = 'process' AND NOT EXISTS (SELECT 1 FROM photo)
+      AND NOT EXISTS (SELECT 1 FROM lease) AND j.stream_entry IS DISTINCT FROM ${entry}
+      AND NOT EXISTS (SELECT 1 FROM old WHERE was = 'erased')
 )
 SELECT CASE
     WHEN EXISTS (SELECT 1 FROM photo) THEN '{done}'
