@@ -248,8 +248,9 @@ async def test_a_stale_rerender_failure_leaves_the_entry_to_its_new_owner(
     assert failed == "finished"
     rerender = await failures.record_rerender_failure(pool, photo_id, old.token, "timeout", "x")
     assert rerender == "not_recorded"
-    assert await leases.rerender_held_elsewhere(pool, photo_id, old.token, "1-0")
-    assert not await leases.rerender_held_elsewhere(pool, photo_id, new.token, "1-0")
-    assert not await leases.rerender_held_elsewhere(pool, photo_id, old.token, "2-0")
+    assert await leases.leave_or_drop(pool, photo_id, old.token, "1-0") == "left"
+    assert await leases.leave_or_drop(pool, photo_id, old.token, "2-0") == "dropped"
     await failures.record_retry(pool, photo_id, new.token, "timeout", "slow", 1000)
-    assert await leases.rerender_held_elsewhere(pool, photo_id, old.token, "1-0"), "pending"
+    assert await leases.leave_or_drop(pool, photo_id, old.token, "1-0") == "left", "pending"
+    dropped = await pool.fetchval("SELECT dropped_entries FROM photo_jobs")
+    assert dropped == ["2-0"]  # the entry it left is not noted: its holder still needs it

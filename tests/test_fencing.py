@@ -16,7 +16,7 @@ import structlog
 from darkroom.errors import CorruptImageError, RenderTimeoutError
 from darkroom.queue.messages import Entry, Task, task_fields
 from darkroom.queue.streams import Streams
-from darkroom.store import audit, db, failures, intake, leases, pauses, publishing, views
+from darkroom.store import db, failures, intake, leases, publishing, views
 from darkroom.store import lanes as store_lanes
 from darkroom.worker import Worker
 from tests import test_worker_inprocess
@@ -367,101 +367,5 @@ async def test_an_entry_whose_run_is_done_starts_no_new_work(database_url: str) 
         assert stale.outcome == "already"
         fresh = await leases.claim(pool, photo_id, "2-0", "w3", leases.Lease("C", 60_000, 5))
         assert fresh.outcome == "claimed"
-    finally:
-        await pool.close()
-
-
-async def test_an_entry_acked_as_a_duplicate_takes_nothing_from_its_stale_reader(
-    database_url: str,
-) -> None:
-    """A worker reads a bulk entry and stalls; another reclaims it, finds a live lease
-    holding the job through the photo's other entry, and acks it as a duplicate. The live
-    holder then stalls past its lease. The first worker wakes and claims the acked entry:
-    `already`, not the job (under an entry gone from the stream no reclaim would find it);
-    the holder's entry, still pending, is the one that takes it."""
-    pool = await db.connect(database_url, 2)
-    try:
-        photo_id = await processed(pool, "bulk", "t")
-        await publishing.request_rerender(pool, [photo_id], None)
-        held = await leases.claim(pool, photo_id, "2-0", "w1", LONG)
-        assert held.outcome == "claimed"
-        duplicate = await leases.claim(pool, photo_id, "3-0", "w2", leases.Lease("B", 60_000, 5))
-        assert (duplicate.outcome, duplicate.owner, duplicate.last_entry) == ("busy", "w1", "2-0")
-        await pool.execute("UPDATE photo_jobs SET lease_until = now() - interval '1 second'")
-        stale = await leases.claim(pool, photo_id, "3-0", "w3", leases.Lease("C", 60_000, 5))
-        assert stale.outcome == "already"
-        reclaimed = await leases.claim(pool, photo_id, "2-0", "w4", leases.Lease("D", 60_000, 5))
-        assert reclaimed.outcome == "claimed" and reclaimed.token > held.token
-    finally:
-        await pool.close()
-
-
-async def test_an_entry_acked_for_a_finished_photo_starts_no_later_request(
-    database_url: str,
-) -> None:
-    """An entry of a processed photo is acked `already`; a re-render is requested; a worker
-    that read that entry before and claims it now takes nothing: the request's own entry
-    does."""
-    pool = await db.connect(database_url, 2)
-    try:
-        photo_id = await processed(pool)
-        late = await leases.claim(pool, photo_id, "5-0", "w2", leases.Lease("B", 60_000, 5))
-        assert late.outcome == "already"
-        await publishing.request_rerender(pool, [photo_id], None)
-        stale = await leases.claim(pool, photo_id, "5-0", "w3", leases.Lease("C", 60_000, 5))
-        assert stale.outcome == "already"
-        fresh = await leases.claim(pool, photo_id, "6-0", "w4", leases.Lease("D", 60_000, 5))
-        assert fresh.outcome == "claimed"
-    finally:
-        await pool.close()
-
-
-async def test_an_entry_left_pending_by_a_pause_still_takes_the_job_later(
-    database_url: str,
-) -> None:
-    """A pause leaves an entry pending (not acked) even where a live lease holds the job
-    through another entry: once the pause ends and that lease runs out, the entry takes the
-    job as any reclaim does."""
-    pool = await db.connect(database_url, 2)
-    try:
-        photo_id = await processed(pool, "bulk", "t")
-        await publishing.request_rerender(pool, [photo_id], None)
-        held = await leases.claim(pool, photo_id, "2-0", "w1", LONG)
-        assert held.outcome == "claimed"
-        action = audit.Action(operator="test", via="cli", action="pause", reason="a test")
-        await pauses.pause(pool, action, ("bulk", None), None)
-        paused = await leases.claim(pool, photo_id, "3-0", "w2", leases.Lease("B", 60_000, 5))
-        assert paused.outcome == "paused"
-        await pauses.resume(pool, action, ("bulk", None))
-        await pool.execute("UPDATE photo_jobs SET lease_until = now() - interval '1 second'")
-        later = await leases.claim(pool, photo_id, "3-0", "w2", leases.Lease("B", 60_000, 5))
-        assert later.outcome == "claimed"
-    finally:
-        await pool.close()
-
-
-async def test_an_entry_acked_after_a_refused_publish_takes_nothing_from_its_stale_reader(
-    database_url: str,
-) -> None:
-    """A holder stalls past its lease; the photo's other entry takes the job; the stale
-    holder's publish is refused (`already`: the job is another entry's) and its entry acked.
-    A third worker that read that entry before and claims it once the new lease has run out
-    too takes nothing: the new holder's entry, still pending, does."""
-    pool = await db.connect(database_url, 2)
-    try:
-        photo_id = await processed(pool, "bulk", "t")
-        await publishing.request_rerender(pool, [photo_id], None)
-        first = await leases.claim(pool, photo_id, "2-0", "w1", LONG)
-        expire = "UPDATE photo_jobs SET lease_until = now() - interval '1 second'"
-        await pool.execute(expire)
-        second_claim = await leases.claim(pool, photo_id, "3-0", "w2", leases.Lease("B", 60_000, 5))
-        assert second_claim.outcome == "claimed"
-        refused = await publishing.publish(pool, photo_id, FACTS, "[]", (first.token, "2-0"))
-        assert refused.status == "already"
-        await pool.execute(expire)
-        stale = await leases.claim(pool, photo_id, "2-0", "w3", leases.Lease("C", 60_000, 5))
-        assert stale.outcome == "already"
-        reclaimed = await leases.claim(pool, photo_id, "3-0", "w4", leases.Lease("D", 60_000, 5))
-        assert reclaimed.outcome == "claimed"
     finally:
         await pool.close()

@@ -169,8 +169,8 @@ class Outcomes:
         return "upgrade_failed" if held.upgrade else "rerender_failed"
 
     async def _not_recorded(self, entry: Entry, photo_id: uuid.UUID, token: int) -> str:
-        if await leases.rerender_held_elsewhere(self.pool, photo_id, token, entry.id):
-            return "not_owner"  # the re-render's new owner acks its entry itself
+        if await leases.leave_or_drop(self.pool, photo_id, token, entry.id) == "left":
+            return "not_owner"  # the job's new holder acks its entry itself
         await self._stream(entry).ack(entry.id)
         return "already"
 

@@ -22,6 +22,7 @@ from asyncpg.pool import PoolConnectionProxy
 from darkroom import errors
 from darkroom.errors import PERMANENT, TRANSIENT, DatabaseUnavailableError, InternalError, Rule
 from darkroom.store import keys
+from darkroom.store.entries import appended
 
 Pool = asyncpg.Pool
 Connection = PoolConnectionProxy
@@ -279,15 +280,18 @@ async def record_fed(
     await conn.execute(FED_SQL, photo_ids, entry_ids)
 
 
-RESET_SQL = """
+# The failed run's entry was dead-lettered (or is, by `_finish_failure`): noted dropped, so a
+# worker that read it before takes nothing from the new run.
+RESET_SQL = f"""
 WITH photo AS (
     UPDATE photos SET processing_state = 'uploaded', error_code = NULL, updated_at = now(),
         last_activity_at = now()
     WHERE id = $1 AND processing_state = 'processing_failed'
     RETURNING id
 )
-UPDATE photo_jobs SET state = 'pending', finished_at = NULL, next_retry_at = NULL,
-    run_offset = attempt, transient_since = NULL, updated_at = now()
+UPDATE photo_jobs j SET state = 'pending', finished_at = NULL, next_retry_at = NULL,
+    run_offset = attempt, transient_since = NULL, updated_at = now(),
+    dropped_entries = {appended("j.stream_entry")}
 WHERE photo_id IN (SELECT id FROM photo) AND type = 'process'
 RETURNING photo_id
 """

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from darkroom.store.db import Pool, translated
+from darkroom.store.entries import appended
 
 Outcome = Literal["claimed", "already", "skipped", "busy", "exhausted", "paused"]
 NO_PHOTO = uuid.UUID(int=0)
@@ -101,7 +102,7 @@ class Claim:
 # `running` (its lease ran out, or the sweep re-enqueued the job meanwhile: its worker
 # died), it answers that row, whose span is written by the claimer (docs/tracing.md).
 # Untraced, that look is skipped whole (a constant filter).
-CLAIM_SQL = """
+CLAIM_SQL = f"""
 WITH p AS (
     SELECT id, original_key, processing_state, rerender_generation, lane, tenant, traceparent,
            processing_state IN ('processed', 'processing_failed')
@@ -117,7 +118,8 @@ WITH p AS (
     SELECT j.id, j.state, j.attempt, j.run_offset, j.stream_entry, j.consumer, j.error_code,
            j.last_error, j.lease_token, j.started_at, j.lease_until,
            j.state = 'active' AND j.holder = $4 AND j.stream_entry = $2 AS own,
-           (j.state = 'done' AND j.stream_entry = $2) OR $2 = ANY(j.dropped_entries) AS spent,
+           (j.state IN ('done', 'failed') AND j.stream_entry = $2)
+           OR $2 = ANY(j.dropped_entries) AS spent,
            j.state = 'active' AND j.lease_until > now()
            AND ((j.holder IS DISTINCT FROM $4 AND j.consumer IS DISTINCT FROM $3)
                 OR (j.holder = $4 AND j.stream_entry IS DISTINCT FROM $2)) AS held
@@ -143,9 +145,7 @@ WITH p AS (
 ), dropped AS (
     -- what jobs.py acks: `already` (a finished photo) and `busy` under another entry's
     -- live lease, unless paused (that entry stays pending); the last 16 are kept
-    UPDATE photo_jobs j
-    SET dropped_entries = (j.dropped_entries || $2::text)
-                          [greatest(1, cardinality(j.dropped_entries) - 14):]
+    UPDATE photo_jobs j SET dropped_entries = {appended("$2")}
     FROM prior, p
     WHERE j.id = prior.id AND NOT prior.spent
       AND (p.finished OR (prior.held AND prior.stream_entry IS DISTINCT FROM $2
@@ -168,6 +168,9 @@ WITH p AS (
         lease_until = EXCLUDED.lease_until,
         lease_token = EXCLUDED.lease_token,
         generation = EXCLUDED.generation,
+        -- a finished run's entry, acked by its worker: the job no longer names it
+        dropped_entries = CASE WHEN j.state IN ('done', 'failed')
+                               THEN {appended("j.stream_entry")} ELSE j.dropped_entries END,
         started_at = now(),
         next_retry_at = NULL,
         updated_at = now()
@@ -361,20 +364,27 @@ async def release(pool: Pool, photo_id: uuid.UUID, token: int) -> bool:
 
 
 @translated
-async def rerender_held_elsewhere(
+async def leave_or_drop(
     pool: Pool, photo_id: uuid.UUID, token: int, entry_id: str
-) -> bool:
-    """A re-render of this photo goes on under another lease through this same entry (its
-    job active, or pending after that lease's retry or release): a stale delivery must
-    leave the entry to it. Through another entry, this one is a stale duplicate."""
-    held = await pool.fetchval(RERENDER_HELD_SQL, photo_id, token, entry_id)
-    return bool(held)
+) -> Literal["left", "dropped"]:
+    """After a failure this delivery could not record: `left` when another lease holds the
+    job through this same entry (active, or pending after that lease's retry or release),
+    whose holder acks it; else `dropped`, noted on the job in the same statement, and the
+    caller acks it (a stale duplicate, or a job that ended otherwise)."""
+    left = await pool.fetchval(LEAVE_OR_DROP_SQL, photo_id, token, entry_id)
+    return "left" if left else "dropped"
 
 
-RERENDER_HELD_SQL = """
-SELECT EXISTS (
-    SELECT 1 FROM photos p JOIN photo_jobs j ON j.photo_id = p.id
-    WHERE p.id = $1 AND p.processing_state = 'processed'
-      AND p.rerender_requested_at IS NOT NULL AND j.type = 'process'
-      AND j.state IN ('active', 'pending') AND j.lease_token <> $2 AND j.stream_entry = $3)
+# The job locked as it is now (only the job: no statement locks a photo after its job).
+LEAVE_OR_DROP_SQL = f"""
+WITH j AS (
+    SELECT id, state IN ('active', 'pending') AND lease_token <> $2 AND stream_entry = $3
+           AS left_to
+    FROM photo_jobs WHERE photo_id = $1 AND type = 'process'
+    FOR UPDATE
+), dropped AS (
+    UPDATE photo_jobs SET dropped_entries = {appended("$3", "photo_jobs")}
+    FROM j WHERE photo_jobs.id = j.id AND NOT j.left_to
+)
+SELECT coalesce((SELECT left_to FROM j), false)
 """

@@ -14,33 +14,39 @@ from typing import Any, Literal
 
 from darkroom.store import keys
 from darkroom.store.db import Connection, Pool, translated
+from darkroom.store.entries import appended
 
 
 def published_and_answered(done: str, attempt: int, entry: int) -> str:
     """The end a fenced publish shares with the upgrade's: the delivery's history row
     (${attempt}, its stage times the four parameters after it) finished as `published` when
-    `photo` changed, and the statement's answer: `done`, `erased`, `lost` (no lease matched
-    and the job waits for another entry than ${entry}) or `already`."""
+    `photo` changed, and the statement's answer: `done`, `erased`, `lost` (no lease matched:
+    another lease has the job through this same entry, ${entry}, and acks it) or `already`
+    (the entry is noted dropped, and acked by its worker)."""
     d, r, u, m = (f"${attempt + n}" for n in range(1, 5))
     return f"""    UPDATE photo_attempts SET ended_at = now(), outcome = 'published',
         download_ms = {d}, render_ms = {r}, upload_ms = {u}, peak_rss_mb = {m},
         publish_ms = extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000
     WHERE id = ${attempt} AND EXISTS (SELECT 1 FROM photo)
-), dropped AS (
-    -- refused, the entry not the job's (`already`): its worker acks it, so a worker that
-    -- read it before and claims it later takes nothing (leases.CLAIM_SQL, `spent`)
-    UPDATE photo_jobs j SET dropped_entries = (j.dropped_entries || ${entry}::text)
-                                              [greatest(1, cardinality(j.dropped_entries) - 14):]
+), latest AS (
+    -- refused: the job as it is now (locked after the photo, as by the claim), not as this
+    -- statement's snapshot saw it before the photo's lock was granted
+    SELECT j.id, j.state IN ('active', 'pending') AND j.stream_entry = ${entry} AS taken
+    FROM photo_jobs j
     WHERE j.photo_id = $1 AND j.type = 'process' AND NOT EXISTS (SELECT 1 FROM photo)
-      AND NOT EXISTS (SELECT 1 FROM lease) AND j.stream_entry IS DISTINCT FROM ${entry}
+      AND NOT EXISTS (SELECT 1 FROM lease)
       AND NOT EXISTS (SELECT 1 FROM old WHERE was = 'erased')
+    FOR UPDATE OF j
+), dropped AS (
+    -- `already`: its worker acks the entry, so a worker that read it before and claims it
+    -- later takes nothing (leases.CLAIM_SQL, `spent`)
+    UPDATE photo_jobs j SET dropped_entries = {appended("$" + str(entry))}
+    FROM latest WHERE j.id = latest.id AND NOT latest.taken
 )
 SELECT CASE
     WHEN EXISTS (SELECT 1 FROM photo) THEN '{done}'
     WHEN EXISTS (SELECT 1 FROM old WHERE was = 'erased') THEN 'erased'
-    WHEN NOT EXISTS (SELECT 1 FROM lease) AND EXISTS (
-        SELECT 1 FROM photo_jobs j WHERE j.photo_id = $1 AND j.type = 'process'
-          AND j.state IN ('active', 'pending') AND j.stream_entry = ${entry}) THEN 'lost'
+    WHEN EXISTS (SELECT 1 FROM latest WHERE taken) THEN 'lost'
     ELSE 'already' END AS status,
     (SELECT min(replaced::text) FROM photo) AS replaced,
     coalesce((SELECT bool_or(again) FROM photo), false) AS again,
