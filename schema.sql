@@ -354,11 +354,12 @@ ALTER TABLE photos ADD COLUMN IF NOT EXISTS rerender_generation bigint NOT NULL 
 CREATE INDEX IF NOT EXISTS photos_rerender_due_idx ON photos (updated_at, id)
     WHERE enqueued_at IS NULL AND lane = 'interactive'
       AND processing_state = 'processed' AND rerender_requested_at IS NOT NULL;
--- photo_jobs.dropped_entries: the last entries a claim left to the job as it is (the photo
--- finished, or a live lease holds it through another entry), which their workers ack. A
--- worker that read one of them and stalled before its claim finds it here and takes
--- nothing: a lease under an entry gone from the stream is found by no reclaim, and the
--- request's own entry, meeting that lease, would be acked as a duplicate too.
+-- photo_jobs.dropped_entries: the last 16 entries acked without the job's run going through
+-- them (a claim left them alone, a publish or a failure was refused, a later run or a retry
+-- replaced their run; src/darkroom/store/entries.py). A worker that read one of them and
+-- stalled before its claim finds it here and takes nothing: a lease under an entry gone
+-- from the stream is found by no reclaim, and the request's own entry, meeting that
+-- lease, would be acked as a duplicate too.
 ALTER TABLE photo_jobs ADD COLUMN IF NOT EXISTS dropped_entries text[] NOT NULL DEFAULT '{}';
 -- ---- end of fencing tokens -----------------------------------------------------------------
 

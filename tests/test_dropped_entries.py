@@ -7,6 +7,7 @@ finds it and the request's own entry, meeting that lease, is acked as a duplicat
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 from darkroom.store import audit, db, failures, leases, pauses, publishing, upgrading
 from tests.test_fencing import FACTS, LONG, processed
@@ -236,5 +237,52 @@ async def test_a_publish_refused_while_a_claim_took_the_job_through_its_entry_le
         assert refused.status == "lost"
         # only the first run's entry, acked with its publish: not the one the job is under
         assert await pool.fetchval("SELECT dropped_entries FROM photo_jobs") == ["1-0"]
+    finally:
+        await pool.close()
+
+
+async def test_a_failed_photos_entry_takes_nothing_once_an_operator_retried_it(
+    database_url: str,
+) -> None:
+    """A photo fails for good through an entry; an operator retries it (a new run); a worker
+    that read the failed run's entry before takes nothing: the retry's own entry does."""
+    pool = await db.connect(database_url, 2)
+    try:
+        photo_id = uuid.uuid4()
+        await db.insert_photo(pool, photo_id, "originals/x.jpg")
+        run = await leases.claim(pool, photo_id, "2-0", "w1", LONG)
+        failed = await failures.record_failure(pool, photo_id, run.token, "2-0", "x", "y")
+        assert failed == "failed"
+        assert await db.reset_failed(pool, photo_id)
+        assert await pool.fetchval("SELECT dropped_entries FROM photo_jobs") == ["2-0"]
+        stale = await leases.claim(pool, photo_id, "2-0", "w2", lease("B"))
+        assert (stale.outcome, stale.state) == ("already", "uploaded")
+        retried = await leases.claim(pool, photo_id, "3-0", "w3", lease("C"))
+        assert retried.outcome == "claimed"
+    finally:
+        await pool.close()
+
+
+async def test_an_upgrade_entry_acked_after_a_refused_upgrade_takes_nothing(
+    database_url: str,
+) -> None:
+    """An upgrade's holder stalls past its lease; a second upgrade entry of the photo takes
+    the job; the stale holder's upgrade is refused (`already`) and its entry acked; that
+    entry's stale reader takes nothing once the second lease has run out too."""
+    pool = await db.connect(database_url, 2)
+    try:
+        photo_id = await processed(pool)
+        await pool.execute("UPDATE photos SET upgrade_requested_at = now()")
+        stalled = await leases.claim(pool, photo_id, "7-0", "w1", LONG, lane="bulk")
+        await pool.execute(EXPIRE)
+        second = await leases.claim(pool, photo_id, "8-0", "w2", lease("B"), lane="bulk")
+        assert (second.outcome, second.upgrade) == ("claimed", True)
+        refused = await upgrading.publish_upgrade(pool, photo_id, "[]", (stalled.token, "7-0"))
+        assert refused.status == "already"
+        await pool.execute(EXPIRE)
+        stale = await leases.claim(pool, photo_id, "7-0", "w3", lease("C"), lane="bulk")
+        assert stale.outcome == "already"
+        again = await leases.claim(pool, photo_id, "8-0", "w4", lease("D"), lane="bulk")
+        assert again.outcome == "claimed"
     finally:
         await pool.close()

@@ -280,8 +280,9 @@ async def record_fed(
     await conn.execute(FED_SQL, photo_ids, entry_ids)
 
 
-# The failed run's entry was dead-lettered (or is, by `_finish_failure`): noted dropped, so a
-# worker that read it before takes nothing from the new run.
+# The failed run's entry is noted dropped: a worker that read it before takes nothing from
+# the new run, whose own entry (the retry's XADD, or the sweep's) takes the job. Should
+# that entry still be pending (its dead letter never written), it is acked `already`.
 RESET_SQL = f"""
 WITH photo AS (
     UPDATE photos SET processing_state = 'uploaded', error_code = NULL, updated_at = now(),

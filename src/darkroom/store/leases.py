@@ -88,15 +88,15 @@ class Claim:
 # counted, nothing written; but a claim by the job's own holder (work in progress, its
 # first reply lost) goes on. Read by this statement, a pause committed before it started
 # holds whatever any worker has heard of it.
-# An entry whose job run is done (`spent`: the job finished through this very entry) starts
+# An entry whose job run ended (`spent`: done or failed through this very entry) starts
 # nothing, whatever was requested since: a request has an entry of its own (the feeder's,
 # the intake's, `again`'s). A reclaim of an entry its old holder then finished and acked
 # would otherwise take the job for a re-render under an entry already deleted from the
 # stream: were its worker to die, no reclaim could find the job, and duplicates of the
-# photo, answered `busy` by that lease, are acked meanwhile. So is an entry a claim left
-# alone and its worker acked (`dropped`: the photo finished, or a live lease held the job
-# through another entry): the claim notes it in the job's `dropped_entries`, and a worker
-# that read the same entry before and claims it after (it stalled in between) is `spent`.
+# photo, answered `busy` by that lease, are acked meanwhile. So is every entry the job's
+# `dropped_entries` names (store/entries.py): this claim notes the one it leaves alone and
+# its worker acks (the photo finished, or a live lease held the job through another
+# entry), and, starting a new run, the entry of the run that ended.
 # A traced claim ($10: its delivery's span id, else NULL) writes the span id on the attempt
 # row it inserts; and when it takes the job from another delivery whose row is still
 # `running` (its lease ran out, or the sweep re-enqueued the job meanwhile: its worker
@@ -375,11 +375,11 @@ async def leave_or_drop(
     return "left" if left else "dropped"
 
 
-# The job locked as it is now (only the job: no statement locks a photo after its job).
+# The job locked as it is now; its one lock, so no order against the photo's to keep.
 LEAVE_OR_DROP_SQL = f"""
 WITH j AS (
-    SELECT id, state IN ('active', 'pending') AND lease_token <> $2 AND stream_entry = $3
-           AS left_to
+    SELECT id, coalesce(state IN ('active', 'pending') AND lease_token <> $2
+                        AND stream_entry = $3, false) AS left_to
     FROM photo_jobs WHERE photo_id = $1 AND type = 'process'
     FOR UPDATE
 ), dropped AS (

@@ -31,7 +31,8 @@ def published_and_answered(done: str, attempt: int, entry: int) -> str:
 ), latest AS (
     -- refused: the job as it is now (locked after the photo, as by the claim), not as this
     -- statement's snapshot saw it before the photo's lock was granted
-    SELECT j.id, j.state IN ('active', 'pending') AND j.stream_entry = ${entry} AS taken
+    SELECT j.id, coalesce(j.state IN ('active', 'pending') AND j.stream_entry = ${entry}, false)
+           AS taken
     FROM photo_jobs j
     WHERE j.photo_id = $1 AND j.type = 'process' AND NOT EXISTS (SELECT 1 FROM photo)
       AND NOT EXISTS (SELECT 1 FROM lease)
