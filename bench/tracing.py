@@ -214,16 +214,15 @@ def per_delivery_us(delivery: Any, runs: int = 5_000) -> float:
 
 def on_path_us() -> tuple[float, float]:
     """With the SDK on, in this process: CPU µs a delivery's spans take to make, and to
-    encode as the OTLP exporter does (protobuf), without the HTTP round trip. The spans go
-    to memory (no export thread to count or miss). Tracing's switch is set by hand: `start`
-    would install the batch exporter this measure leaves out."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    encode as darkroom's exporter does (OTLP protobuf, otlpwire.py), without the HTTP round
+    trip. The spans go to memory (no export thread to count or miss). Tracing's switch is set
+    by hand: `start` would install the batch exporter this measure leaves out."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from darkroom import tracing
+    from darkroom import otlpwire, tracing
 
     memory = InMemorySpanExporter()
     provider = TracerProvider(resource=tracing._hashed(Resource.create()))
@@ -235,7 +234,7 @@ def on_path_us() -> tuple[float, float]:
     finally:
         tracing.use(None, None)
     spans = memory.get_finished_spans()[-15:]  # one delivery's
-    encoded = per_delivery_us(lambda: encode_spans(spans).SerializeToString(), runs=2_000)
+    encoded = per_delivery_us(lambda: otlpwire.request(spans), runs=2_000)
     return made, encoded
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import anyio
 import structlog
 
-from darkroom import confirmations, spanwriter, tracing
+from darkroom import confirmations, otlpwire, spanwriter, tracing
 from darkroom.errors import DarkroomError
 from darkroom.queue.pacing import Backoff, Throttle
 from darkroom.queue.streams import Streams
@@ -56,7 +56,7 @@ def grace_s(environ: Mapping[str, str] = os.environ) -> float:
         delay_s = 5.0
     if not (math.isfinite(delay_s) and delay_s >= 0):
         delay_s = 5.0
-    return max(MIN_GRACE_S, GRACE_FACTOR * (delay_s + tracing.export_timeout_s(environ)))
+    return max(MIN_GRACE_S, GRACE_FACTOR * (delay_s + otlpwire.export_timeout_s(environ)))
 
 
 @dataclass
@@ -113,7 +113,7 @@ class LateSpans:
         self._closing = True
         if not tracing.on():
             return
-        with anyio.move_on_after(FINAL_FACTOR * tracing.export_timeout_s()):
+        with anyio.move_on_after(FINAL_FACTOR * otlpwire.export_timeout_s()):
             await anyio.to_thread.run_sync(tracing.flush)
             with contextlib.suppress(DarkroomError):  # the late writers will see them
                 await self.confirm()

@@ -15,20 +15,22 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
-from darkroom import confirmations, metrics, stagespans
+from darkroom import confirmations, metrics, otlpwire, stagespans
 from darkroom.queue.messages import TRACE_FIELDS, Entry, enqueued_ms, trace_fields
 
 # The SDK's tracer once `start` installed it; None: tracing is off.
 _tracer: Any = None
 # Its provider, which `flush` flushes (the global one may be another's, set before `start`).
 _provider: Any = None
-# The exporter's timeout unless OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT says otherwise: the flush at
-# exit waits this long for a collector that is down (the SDK's 10 s measured 10.8 s), which
-# must fit in the stop's margin past DARKROOM_SHUTDOWN_GRACE_S (compose's is 10 s).
-EXPORT_TIMEOUT_S = 3.0
-# The delivery's own span (`darkroom.process`): its stages set the attempt, outcome and error
-# on it from inside their child spans.
-_delivery: contextvars.ContextVar[Any] = contextvars.ContextVar("darkroom_delivery", default=None)
+# The delivery's own span (`darkroom.process`), its context and whether it records: its stages
+# set the attempt, outcome and error on it; everything inside it but a stage names it, read
+# here without the OpenTelemetry context's lookups.
+_delivery: contextvars.ContextVar[tuple[Any, Any, bool] | None] = contextvars.ContextVar(
+    "darkroom_delivery", default=None
+)
+# The last span context's ids in hex, as an exemplar's labels: a delivery's histograms and log
+# lines name the same few spans again and again.
+_last_ids: tuple[Any, dict[str, str]] = (None, {})
 # The span id the next span made in this context is given (`_preset_ids`): a dead delivery's,
 # whose span its reclaimer writes. None: a random one, as the SDK's default.
 _preset_span_id: contextvars.ContextVar[int | None] = contextvars.ContextVar(
@@ -78,7 +80,6 @@ def start() -> bool:
     if _tracer is not None or not wanted():
         return on()
     from opentelemetry import trace
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -89,7 +90,7 @@ def start() -> bool:
     )
     resource = _hashed(Resource.create({} if named else {"service.name": "darkroom"}))
     provider = TracerProvider(resource=resource, id_generator=_preset_ids())
-    exporter = OTLPSpanExporter(timeout=None if _timeout_set() else EXPORT_TIMEOUT_S)
+    exporter = otlpwire.exporter()
     processor = BatchSpanProcessor(confirmations.confirming(exporter))
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
@@ -149,28 +150,7 @@ def flush() -> bool:
     thread); False: not within it."""
     if _provider is None:
         return True
-    return bool(_provider.force_flush(int(export_timeout_s() * 1000)))
-
-
-def export_timeout_s(environ: Mapping[str, str] = os.environ) -> float:
-    """The exporter's timeout: OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT, which this SDK reads in
-    seconds (the specification says milliseconds; the SDK's own default is `10`), else
-    darkroom's EXPORT_TIMEOUT_S."""
-    for name in _TIMEOUT_VARIABLES:
-        try:
-            value = float(environ.get(name, ""))
-        except ValueError:
-            continue
-        if 0 <= value < float("inf"):
-            return value
-    return EXPORT_TIMEOUT_S
-
-
-_TIMEOUT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
-
-
-def _timeout_set() -> bool:
-    return any(name in os.environ for name in _TIMEOUT_VARIABLES)
+    return bool(_provider.force_flush(int(otlpwire.export_timeout_s() * 1000)))
 
 
 @functools.cache
@@ -207,9 +187,11 @@ def producer(name: str, **attributes: Any) -> Iterator[dict[str, str]]:
     named = {f"darkroom.{k}": v for k, v in attributes.items()}
     with _tracer.start_as_current_span(name, kind=SpanKind.PRODUCER, attributes=named):
         token = stagespans.current.set(None)  # the producer's span is the one to carry
+        held = _delivery.set(None)
         try:
             yield injected()
         finally:
+            _delivery.reset(held)
             stagespans.current.reset(token)
 
 
@@ -230,14 +212,14 @@ def delivery(entry: Entry, deliveries: int, stream: str, group: str) -> Iterator
         "darkroom.process", context=parent, kind=SpanKind.CONSUMER, attributes=attributes,
         record_exception=False, set_status_on_exception=False,
     ) as current:  # fmt: skip
-        token = _delivery.set(current)
-        joined = _joined.set(current.is_recording() and has_context(parent))
+        context, recording = current.get_span_context(), current.is_recording()
+        token = _delivery.set((current, context, recording))
+        joined = _joined.set(recording and has_context(parent))
         notes = _notes.set({})
         try:
             # a later delivery's wait would count the earlier attempts
-            if deliveries == 1 and current.is_recording():
-                stagespans.made("darkroom.queue_wait", current.get_span_context(),
-                                _id_ns(entry), now_ns)  # fmt: skip
+            if deliveries == 1 and recording:
+                stagespans.made("darkroom.queue_wait", context, _id_ns(entry), now_ns)
             yield
         finally:
             current.set_attributes(_notes.get() or {})
@@ -272,7 +254,7 @@ def delivery_span_id() -> str | None:
     current = _delivery.get()
     if current is None or not _joined.get():
         return None
-    return format(current.get_span_context().span_id, "016x")
+    return format(current[1].span_id, "016x")
 
 
 def messaging(stream: str, group: str, entry_id: str) -> dict[str, Any]:
@@ -337,6 +319,9 @@ def _current() -> tuple[Any, bool]:
     stage = stagespans.current.get()
     if stage is not None:
         return stage.context, True
+    held = _delivery.get()
+    if held is not None:
+        return held[1], held[2]
     from opentelemetry import trace
 
     current = trace.get_current_span()
@@ -366,8 +351,8 @@ def failed(code: str, message: str) -> None:
     """The delivery ended in an error: its span's status, `error.type` the stable code."""
     current = _delivery.get()
     if current is not None:
-        record_error(current, code, message)
-        current.set_attribute("darkroom.error_code", code)
+        record_error(current[0], code, message)
+        current[0].set_attribute("darkroom.error_code", code)
 
 
 def record_error(current: Any, code: str, message: str) -> None:
@@ -386,8 +371,7 @@ def exemplar() -> dict[str, str] | None:
     context = _current_context()
     if not (context.is_valid and context.trace_flags.sampled):
         return None
-    ids = format(context.trace_id, "032x"), format(context.span_id, "016x")
-    return {"trace_id": ids[0], "span_id": ids[1]}
+    return _ids(context)
 
 
 def log_ids(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -396,6 +380,18 @@ def log_ids(logger: Any, method: str, event: MutableMapping[str, Any]) -> Mutabl
         return event
     context = _current_context()
     if context.is_valid:
-        event.setdefault("trace_id", format(context.trace_id, "032x"))
-        event.setdefault("span_id", format(context.span_id, "016x"))
+        ids = _ids(context)
+        event.setdefault("trace_id", ids["trace_id"])
+        event.setdefault("span_id", ids["span_id"])
     return event
+
+
+def _ids(context: Any) -> dict[str, str]:
+    """The context's ids in hex (kept for the next call: shared, never to be changed)."""
+    global _last_ids
+    last = _last_ids
+    if last[0] is context:
+        return last[1]
+    ids = {"trace_id": format(context.trace_id, "032x"), "span_id": format(context.span_id, "016x")}
+    _last_ids = (context, ids)
+    return ids
