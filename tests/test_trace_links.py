@@ -76,6 +76,39 @@ def test_with_tracing_off_an_observation_has_no_exemplar(monkeypatch: pytest.Mon
     assert "darkroom_test_seconds_count 1.0" in body and "# {" not in body
 
 
+def test_a_bucket_takes_a_new_exemplar_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scrape shows each bucket's latest exemplar: within a second of the last, an observation
+    in the same bucket leaves it; one in another bucket sets its own; a second later the
+    bucket takes the next; an observation outside a sampled span does not hold a bucket."""
+    spans = iter(["a", "b", None, "c", "d"])
+
+    def exemplar() -> dict[str, str] | None:
+        span = next(spans)
+        return None if span is None else {"trace_id": span * 32, "span_id": span * 16}
+
+    clock = [100.0]
+    monkeypatch.setattr(metrics, "_exemplar", exemplar)
+    monkeypatch.setattr(metrics, "_now", lambda: clock[0])
+    monkeypatch.setattr(metrics, "_exemplified", {})
+    registry = CollectorRegistry()
+    histogram = Histogram("darkroom_test_seconds", "test", registry=registry, buckets=(1, 10))
+
+    def exemplars() -> dict[str, str]:
+        lines = openmetrics(registry).decode().splitlines()
+        found = (re.search(r'le="([^"]+)"\} .* # \{span_id="(.)', line) for line in lines)
+        return {m.group(1): m.group(2) for m in found if m}
+
+    metrics.observe(histogram, 0.5)  # a
+    metrics.observe(histogram, 0.7)  # within the second: no exemplar asked for
+    metrics.observe(histogram, 5.0)  # b, its own bucket
+    assert exemplars() == {"1.0": "a", "10.0": "b"}
+    clock[0] += 1.0
+    metrics.observe(histogram, 0.2)  # None: no sampled span, the bucket keeps a
+    metrics.observe(histogram, 0.3)  # c
+    assert exemplars() == {"1.0": "c", "10.0": "b"}
+    assert next(spans) == "d"  # asked for exactly four exemplars
+
+
 def test_the_photo_page_links_a_traced_photo_to_its_trace(file_env: Env) -> None:
     """With DARKROOM_TRACE_URL set, `darkroom web`'s photo page links the photo to the trace of
     its `traceparent`; an untraced photo has no link; a template without {trace_id} is

@@ -1,5 +1,6 @@
 """OpenTelemetry traces through the queue: the adapter, with its parts stagespans.py (the
-stages' spans) and confirmations.py (what the exporter delivered) (docs/tracing.md). On when
+stages' spans), confirmations.py (what the exporter delivered) and otlpwire.py (the exporter)
+(docs/tracing.md). On when
 an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) and
 OTEL_SDK_DISABLED is not `true`; off, every function here is a no-op and no OpenTelemetry
 module is imported. Nothing below the orchestration imports this module (the layers contract).
