@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from http import HTTPStatus
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -125,6 +126,21 @@ def test_a_value_otlp_cannot_hold_is_left_out_and_logged_as_the_sdk_does(
     assert len(logged) == 3 and all(m.startswith("Failed to encode key") for m in logged)
 
 
+def test_an_int_subclass_equal_objects_and_reordered_resources_encode_as_the_sdk_does() -> None:
+    """An IntEnum value is an int64 like any int; a resource or scope equal to one encoded
+    before ({"flag": 1} == {"flag": True}, or the same attributes in another order) is
+    encoded from its own attributes, not from the earlier one's bytes."""
+    batches = [
+        [made("status", 1, attributes={"http.response.status_code": HTTPStatus.OK})],
+        [made("one", 2, instrumentation_scope=InstrumentationScope("s", "1", None, {"f": 1}))],
+        [made("true", 3, instrumentation_scope=InstrumentationScope("s", "1", None, {"f": True}))],
+        [made("ab", 4, resource=Resource({"a": 1, "b": 2}))],
+        [made("ba", 5, resource=Resource({"b": 2, "a": 1}))],
+    ]
+    for batch in batches:
+        assert otlpwire.request(batch) == encode_spans(batch).SerializePartialToString()
+
+
 def test_the_exporter_sends_the_bytes_to_a_receiver(monkeypatch: pytest.MonkeyPatch) -> None:
     batch = spans()
     with serving() as got:
@@ -150,3 +166,18 @@ def test_a_receiver_that_is_away_is_a_failed_export(monkeypatch: pytest.MonkeyPa
     assert exporter.export(spans()) is SpanExportResult.FAILURE
     exporter.shutdown()
     assert exporter.export(spans()) is SpanExportResult.FAILURE  # after shutdown, as the SDK's
+
+
+def test_a_batch_the_encoder_cannot_write_goes_through_the_sdks_export(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A span the SDK encodes and this encoder does not (no status) is sent all the same; one
+    neither can encode (a negative start) is a failed export, not an exception."""
+    with serving() as got:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{got.endpoint}/v1/traces")
+        exporter = otlpwire.exporter()
+        no_status = made("no status", 1, status=None)
+        assert exporter.export([no_status]) is SpanExportResult.SUCCESS
+        assert exporter.export([made("before 1970", 2, start_time=-1)]) is SpanExportResult.FAILURE
+        exporter.shutdown()
+    assert [s.name for s in got.spans] == ["no status"]

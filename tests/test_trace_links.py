@@ -106,7 +106,10 @@ def test_a_bucket_takes_a_new_exemplar_once_a_second(monkeypatch: pytest.MonkeyP
     metrics.observe(histogram, 0.2)  # None: no sampled span, the bucket keeps a
     metrics.observe(histogram, 0.3)  # c
     assert exemplars() == {"1.0": "c", "10.0": "b"}
-    assert next(spans) == "d"  # asked for exactly four exemplars
+    clock[0] += 1.0
+    metrics.observe(histogram, float("nan"))  # in no bucket: no exemplar asked for, none held
+    metrics.observe(histogram, 0.4)  # d
+    assert exemplars() == {"1.0": "d", "10.0": "b"}
 
 
 def test_the_photo_page_links_a_traced_photo_to_its_trace(file_env: Env) -> None:

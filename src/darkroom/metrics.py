@@ -122,7 +122,7 @@ _now = time.monotonic
 def observe(histogram: Histogram, value: float) -> None:
     """An observation with the current span's ids as its exemplar when tracing is on, unless
     its bucket got one within EXEMPLAR_EVERY_S."""
-    if _exemplar is None:
+    if _exemplar is None or value != value:  # NaN falls in no bucket: nothing to exemplify
         histogram.observe(value)
         return
     bucket, now = _bucket(histogram, value), _now()

@@ -7,7 +7,8 @@ compares them) in a little over half that.
 
 What the SDK's encoder does, this does: spans grouped by resource, then by instrumentation
 scope; the span flags' is-remote bits; a value of a type OTLP has no field for is logged and
-its attribute left out. No OpenTelemetry module is imported until `exporter` is called.
+its attribute left out; a batch this cannot encode goes to the SDK's own `export`. No
+OpenTelemetry module is imported until `request` or `exporter` is called.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ log = logging.getLogger("darkroom.tracing")
 _FIXED64 = struct.Struct("<Q").pack
 _DOUBLE = struct.Struct("<d").pack
 _FIXED32 = struct.Struct("<I").pack
-_INT64 = range(-(2**63), 2**63)
+_INT64_MIN, _INT64_END = -(2**63), 2**63
 # opentelemetry.trace.SpanKind (INTERNAL = 0 ...) as OTLP's SpanKind field (INTERNAL = 1 ...)
 _KINDS: dict[Any, bytes] = {}
 # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK, and SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK with it
@@ -32,8 +33,10 @@ _LOCAL, _REMOTE = _FIXED32(0x100), _FIXED32(0x300)
 # exit waits this long for a collector that is down (the SDK's 10 s measured 10.8 s), which
 # must fit in the stop's margin past DARKROOM_SHUTDOWN_GRACE_S (compose's is 10 s).
 EXPORT_TIMEOUT_S = 3.0
-# The resources' and scopes' encodings (a worker has one of each), and the attribute keys'.
-_kept: dict[Any, bytes] = {}
+# The resources' and scopes' encodings (a worker has one of each), by the object's identity:
+# two that compare equal may still encode differently ({"n": 1} == {"n": True}). Each object
+# is kept with its bytes, so its id is not reused while here.
+_kept: dict[tuple[str, int], tuple[Any, bytes]] = {}
 _keys: dict[str, bytes] = {}
 KEYS_KEPT = 1024
 
@@ -73,11 +76,13 @@ def _scope(scope: Any) -> bytes:
 
 
 def _once(key: tuple[str, Any], make: Any) -> bytes:
-    done = _kept.get(key)
-    if done is None:
-        done = make()
-        if len(_kept) < 64:
-            _kept[key] = done
+    kind, of = key
+    kept = _kept.get((kind, id(of)))
+    if kept is not None and kept[0] is of:
+        return kept[1]
+    done: bytes = make()
+    if len(_kept) < 64:
+        _kept[(kind, id(of))] = (of, done)
     return done
 
 
@@ -169,7 +174,7 @@ def _value(value: Any) -> bytes:
     if isinstance(value, str):
         return _ld(b"\x0a", value.encode())
     if isinstance(value, int):
-        if value not in _INT64:
+        if not _INT64_MIN <= value < _INT64_END:  # a comparison: `in range` walks an int subclass
             raise ValueError(f"Value out of range: {value}")
         return b"\x18" + _varint(value)
     if isinstance(value, float):
@@ -236,7 +241,10 @@ def exporter() -> Any:
     """The SDK's OTLP/HTTP span exporter, configured by the same OTEL_* variables, sending
     `request`'s bytes. It reaches the SDK's HTTP client (`_client`), which the SDK exports
     no way to: should a version lack it, the SDK's own `export` runs (the same bytes, slower).
-    tests/test_otlpwire.py checks that the locked version takes this path."""
+    tests/test_otlpwire.py checks that the locked version takes this path. A batch `request`
+    cannot encode (a span the SDK would refuse, or one it would take that this does not
+    know) goes through the SDK's `export` too, which encodes it or logs and counts the
+    failure. The exporter's own duration metric leaves the encoding out."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import SpanExportResult
 
@@ -246,7 +254,10 @@ def exporter() -> Any:
             limit = getattr(self, "_max_request_size", None)
             if self._shutdown or client is None or metrics is None or limit is None:
                 return super().export(spans)
-            data = request(spans)
+            try:
+                data = request(spans)
+            except Exception:  # the SDK's export decides: encoded its way, or a failure it logs
+                return super().export(spans)
             if 0 < limit < len(data):  # the SDK's own refusal, logged and counted
                 return super().export(spans)
             with metrics.export_operation(len(spans)) as result:

@@ -25,7 +25,8 @@ _tracer: Any = None
 _provider: Any = None
 # The delivery's own span (`darkroom.process`), its context and whether it records: its stages
 # set the attempt, outcome and error on it; everything inside it but a stage names it, read
-# here without the OpenTelemetry context's lookups.
+# here without the OpenTelemetry context's lookups (so a tracer's span made current inside a
+# delivery would not be seen: stages are stagespans.py's, and none is).
 _delivery: contextvars.ContextVar[tuple[Any, Any, bool] | None] = contextvars.ContextVar(
     "darkroom_delivery", default=None
 )
