@@ -126,11 +126,26 @@ def test_a_value_otlp_cannot_hold_is_left_out_and_logged_as_the_sdk_does(
     assert len(logged) == 3 and all(m.startswith("Failed to encode key") for m in logged)
 
 
-def test_an_int_subclass_equal_objects_and_reordered_resources_encode_as_the_sdk_does() -> None:
-    """An IntEnum value is an int64 like any int; a resource or scope equal to one encoded
-    before ({"flag": 1} == {"flag": True}, or the same attributes in another order) is
-    encoded from its own attributes, not from the earlier one's bytes."""
+class Unequal(int):
+    """An int that may not be compared for equality: checking it against a range by
+    membership would (and, on an IntEnum, walk the range without end)."""
+
+    def __eq__(self, other: object) -> bool:
+        raise AssertionError("compared for equality")
+
+    __hash__ = int.__hash__
+
+
+@pytest.mark.timeout(20, method="thread")  # a range walk in C does not see the signal method
+def test_an_int_subclass_equal_objects_and_reordered_resources_encode_as_the_sdk_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An int subclass (an IntEnum) is an int64 like any int; a resource or scope equal to one
+    encoded before ({"flag": 1} == {"flag": True}, or the same attributes in another order)
+    is encoded from its own attributes, not from the earlier one's bytes."""
+    monkeypatch.setattr(otlpwire, "_kept", {})
     batches = [
+        [made("unequal", 6, attributes={"n": Unequal(5)})],
         [made("status", 1, attributes={"http.response.status_code": HTTPStatus.OK})],
         [made("one", 2, instrumentation_scope=InstrumentationScope("s", "1", None, {"f": 1}))],
         [made("true", 3, instrumentation_scope=InstrumentationScope("s", "1", None, {"f": True}))],
@@ -138,6 +153,22 @@ def test_an_int_subclass_equal_objects_and_reordered_resources_encode_as_the_sdk
         [made("ba", 5, resource=Resource({"b": 2, "a": 1}))],
     ]
     for batch in batches:
+        assert otlpwire.request(batch) == encode_spans(batch).SerializePartialToString()
+
+
+def test_short_lived_and_changed_resources_are_never_encoded_from_stale_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Resources made and dropped one after another (their ids reused) and one whose mapping
+    value changed in place after its first export each encode from their attributes now."""
+    monkeypatch.setattr(otlpwire, "_kept", {})
+    for i in range(200):
+        batch = [made("short-lived", 1, resource=Resource({"flag": 1 if i % 2 else True}))]
+        assert otlpwire.request(batch) == encode_spans(batch).SerializePartialToString()
+    changing = Resource({"m": {"k": 1}})
+    for value in (1, 2):
+        changing.attributes["m"]["k"] = value  # type: ignore[index]
+        batch = [made("changed", 2, resource=changing)]
         assert otlpwire.request(batch) == encode_spans(batch).SerializePartialToString()
 
 
@@ -169,10 +200,12 @@ def test_a_receiver_that_is_away_is_a_failed_export(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_batch_the_encoder_cannot_write_goes_through_the_sdks_export(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A span the SDK encodes and this encoder does not (no status) is sent all the same; one
     neither can encode (a negative start) is a failed export, not an exception."""
+    monkeypatch.setattr(otlpwire, "_fell_back", False)
+    caplog.set_level(logging.WARNING, logger="darkroom.tracing")
     with serving() as got:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{got.endpoint}/v1/traces")
         exporter = otlpwire.exporter()
@@ -181,3 +214,5 @@ def test_a_batch_the_encoder_cannot_write_goes_through_the_sdks_export(
         assert exporter.export([made("before 1970", 2, start_time=-1)]) is SpanExportResult.FAILURE
         exporter.shutdown()
     assert [s.name for s in got.spans] == ["no status"]
+    said = [r.getMessage() for r in caplog.records if r.name == "darkroom.tracing"]
+    assert len(said) == 1 and said[0].startswith("spans sent through the SDK's encoder")

@@ -33,10 +33,14 @@ _LOCAL, _REMOTE = _FIXED32(0x100), _FIXED32(0x300)
 # exit waits this long for a collector that is down (the SDK's 10 s measured 10.8 s), which
 # must fit in the stop's margin past DARKROOM_SHUTDOWN_GRACE_S (compose's is 10 s).
 EXPORT_TIMEOUT_S = 3.0
-# The resources' and scopes' encodings (a worker has one of each), by the object's identity:
-# two that compare equal may still encode differently ({"n": 1} == {"n": True}). Each object
-# is kept with its bytes, so its id is not reused while here.
+# The resources' and scopes' encodings (a worker has a few), by the object's identity: two
+# that compare equal may still encode differently ({"n": 1} == {"n": True}). Each object is
+# kept with its bytes, so its id is not reused while here; one with a value that can change
+# in place (a mapping) is encoded each time.
 _kept: dict[tuple[str, int], tuple[Any, bytes]] = {}
+# Whether a batch went through the SDK's `export` because `request` could not encode it:
+# said once in the log, since every later batch like it would take the slower path too.
+_fell_back = False
 _keys: dict[str, bytes] = {}
 KEYS_KEPT = 1024
 
@@ -81,9 +85,14 @@ def _once(key: tuple[str, Any], make: Any) -> bytes:
     if kept is not None and kept[0] is of:
         return kept[1]
     done: bytes = make()
-    if len(_kept) < 64:
+    if len(_kept) < 64 and (of is None or _settled(of.attributes)):
         _kept[(kind, id(of))] = (of, done)
     return done
+
+
+def _settled(attributes: Mapping[str, Any] | None) -> bool:
+    """No value that could change in place (the SDK's attributes keep a mapping as given)."""
+    return all(not isinstance(v, (Mapping, list, bytearray)) for v in (attributes or {}).values())
 
 
 def _span(span: Any) -> bytes:
@@ -244,7 +253,7 @@ def exporter() -> Any:
     tests/test_otlpwire.py checks that the locked version takes this path. A batch `request`
     cannot encode (a span the SDK would refuse, or one it would take that this does not
     know) goes through the SDK's `export` too, which encodes it or logs and counts the
-    failure. The exporter's own duration metric leaves the encoding out."""
+    failure. On the fast path the exporter's own duration metric leaves the encoding out."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import SpanExportResult
 
@@ -256,7 +265,8 @@ def exporter() -> Any:
                 return super().export(spans)
             try:
                 data = request(spans)
-            except Exception:  # the SDK's export decides: encoded its way, or a failure it logs
+            except Exception as error:  # the SDK's export decides: encoded, or a failure it logs
+                _said_fallen_back(error)
                 return super().export(spans)
             if 0 < limit < len(data):  # the SDK's own refusal, logged and counted
                 return super().export(spans)
@@ -273,3 +283,11 @@ def exporter() -> Any:
             return all(hasattr(self, n) for n in ("_client", "_metrics", "_max_request_size"))
 
     return WireExporter(timeout=None if _timeout_set() else EXPORT_TIMEOUT_S)
+
+
+def _said_fallen_back(error: Exception) -> None:
+    global _fell_back
+    if not _fell_back:
+        _fell_back = True
+        log.warning("spans sent through the SDK's encoder: darkroom's could not encode a "
+                    "batch (%s: %s); said once", type(error).__name__, error)  # fmt: skip
