@@ -14,13 +14,10 @@ import pytest
 import redis.asyncio
 
 from darkroom.feeder import BULK_POLL_S, Feeder
-from darkroom.queue.messages import Entry
 from darkroom.queue.streams import Streams
-from darkroom.reads import SAY_GAP_S, LaneReads
 from darkroom.settings import Settings
 from darkroom.store import db
 from tests.conftest import REDIS_URL
-from tests.faults import FakeClock
 
 ROW_SQL = "INSERT INTO photos (id, original_key, lane, tenant) VALUES ($1, $2, 'bulk', $3)"
 
@@ -147,49 +144,3 @@ async def test_the_reserve_grows_while_workers_take_quickly(
     finally:
         await pool.close()
     assert most > 12, "the reserve stayed at the places' 4"
-
-
-class Taker(LaneReads):
-    """A worker's reads, as far as its word goes: its clock and its Streams."""
-
-    def __init__(self, streams: Streams, clock: FakeClock) -> None:
-        self.streams, self.clock = streams, clock
-        self._said_at, self._unsaid = float("-inf"), 0
-
-
-async def words(streams: Streams) -> list[int]:
-    """The counts said since the last look (the taken stream keeps only the last word)."""
-    bulk = streams.for_lane("bulk")
-    entries = await streams.client.xrange(bulk.taken_key)
-    await streams.client.delete(bulk.taken_key)
-    return [int(dict(zip(flat[::2], flat[1::2], strict=True))["n"]) for _, flat in entries]
-
-
-async def test_takes_within_the_gap_are_said_once_with_their_count_at_the_next_take_after_it(
-    streams: Streams,
-) -> None:
-    """A word per take cost a round trip per photo on the worker's and the feeder's loops:
-    the first take is said at once, the takes within SAY_GAP_S after it are kept and said,
-    added up, with the first take past the gap; interactive entries are never counted."""
-    clock = FakeClock()
-    taker = Taker(streams, clock)
-
-    def entries(bulk: int, interactive: int = 0) -> list[Entry]:
-        return [Entry(f"{i}-1", {}, lane="bulk") for i in range(bulk)] + [
-            Entry(f"{i}-2", {}) for i in range(interactive)
-        ]
-
-    await taker._say_taken(entries(1))
-    assert await words(streams) == [1]
-    clock.t += SAY_GAP_S / 4
-    await taker._say_taken(entries(2, interactive=3))
-    clock.t += SAY_GAP_S / 4
-    await taker._say_taken(entries(1))
-    await taker._say_taken(entries(0, interactive=2))
-    assert await words(streams) == []  # within the gap: kept
-    clock.t += SAY_GAP_S
-    await taker._say_taken(entries(1))
-    assert await words(streams) == [4]
-    clock.t += SAY_GAP_S
-    await taker._say_taken(entries(0, interactive=1))
-    assert await words(streams) == []  # nothing taken, nothing said

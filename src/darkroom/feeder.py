@@ -54,9 +54,6 @@ TENANT_SCAN_S = 30.0  # bulk tenants whose notification nobody heard
 # reserve at once; this poll is only the backstop for a word lost.
 BULK_POLL_S = 0.5
 TAKEN_BLOCK_MS = 1_000
-# After a word, the next is read this much later: the words said meanwhile (the stream keeps
-# only the last) wake the feeding once, not once per worker's take.
-WORDS_GAP_S = 0.02
 # The reserve (DARKROOM_BULK_AHEAD 0): the live bulk consumers are counted this often, and a
 # consumer seen (a read, a claim, a heartbeat) within LIVE_CONSUMER_MS counts.
 RESERVE_EVERY_S = 2.0
@@ -148,7 +145,6 @@ class Feeder(RateLimits):
             if seen != after:
                 after, self._bulk_due = seen, True
                 self._woken.set()
-                await anyio.sleep(WORDS_GAP_S)
 
     def _heard(self, payload: str) -> None:
         """A committed insert: due after the grace (its producer may XADD it meanwhile)."""

@@ -16,7 +16,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from darkroom.errors import DarkroomError
-from darkroom.health import Clock, Gate
+from darkroom.health import Gate
 from darkroom.queue import admission
 from darkroom.queue.inflight import InFlight
 from darkroom.queue.messages import Entry
@@ -33,12 +33,6 @@ REFILL_BLOCK_MS = 100
 # bulk lane no longer costs a round trip per photo, and a backlog that appears gets its
 # floor at most 8 turns later (a turn is about one photo's worth of intake).
 BULK_LOOK_EVERY = 8
-# A worker says it took bulk entries at most this often (queue/streams/replies.py): a word
-# per take cost a round trip per photo on the worker's loop, and another on the feeder's,
-# for a reserve that holds AHEAD_S (0.25 s) of takes and is topped up at half. Takes within
-# the gap are said with the next take after it; a burst's unsaid tail waits for the
-# feeder's poll (BULK_POLL_S), while the reserve still holds half.
-SAY_GAP_S = 0.02
 
 
 class LaneReads:
@@ -53,9 +47,6 @@ class LaneReads:
     _changed: anyio.Event
     _bulk_waiting: bool
     _bulk_turns: int
-    _said_at: float  # the worker's clock when it last said bulk entries taken
-    _unsaid: int  # bulk entries taken since, not said yet
-    clock: Clock
     paused: Paused
 
     async def _dispatch(
@@ -126,12 +117,10 @@ class LaneReads:
     async def _say_taken(self, entries: list[Entry]) -> None:
         """Bulk entries taken: the feeder tops the bulk stream up now, not on its next
         poll (which remains, should this word be lost)."""
-        self._unsaid += sum(1 for entry in entries if entry.lane == "bulk")
-        if not self._unsaid or self.clock.now() < self._said_at + SAY_GAP_S:
-            return
-        taken, self._unsaid, self._said_at = self._unsaid, 0, self.clock.now()
-        with contextlib.suppress(DarkroomError):
-            await self.streams.for_lane("bulk").say_taken(taken)
+        taken = sum(1 for entry in entries if entry.lane == "bulk")
+        if taken:
+            with contextlib.suppress(DarkroomError):
+                await self.streams.for_lane("bulk").say_taken(taken)
 
     def _look_at_bulk(self) -> bool:
         due = self._bulk_waiting or self._bulk_turns % BULK_LOOK_EVERY == 0

@@ -71,8 +71,6 @@ class Worker(LaneReads):
     # The bulk lane filled the last read it was offered: it has work waiting (its floor holds).
     _bulk_waiting: bool = False
     _bulk_turns: int = 0  # intake turns below bulk's floor (BULK_LOOK_EVERY)
-    _said_at: float = float("-inf")  # reads.SAY_GAP_S
-    _unsaid: int = 0
     paused: Paused = field(default_factory=Paused)  # as pause_watch last read them
 
     def __post_init__(self) -> None:
